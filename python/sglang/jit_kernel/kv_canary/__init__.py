@@ -1,0 +1,1 @@
+"""Triton kernels of the KV canary, each with a plain-torch reference beside it."""

@@ -1,0 +1,155 @@
+"""The configuration layer: parsing, validation, messages."""
+
+import sys
+
+import pytest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.srt.kv_canary.config import (
+    KNOWN_NAMES,
+    CanaryConfig,
+    CanaryConfigError,
+    CanaryMode,
+    RealDataMode,
+    parse_config,
+)
+
+register_cpu_ci(est_time=5, suite="kv-canary-cpu")
+
+
+def test_empty_environment_gives_defaults_and_nothing_enabled() -> None:
+    config = parse_config({})
+    assert config == CanaryConfig()
+    assert not config.anything_enabled
+    assert config.ring_capacity == 1024
+    assert config.stats_print_every_n_steps == 100
+    assert config.perturb.warmup_steps == 50
+
+
+def test_unrelated_variables_are_ignored() -> None:
+    assert parse_config({"PATH": "/bin", "SGLANG_OTHER": "1"}) == CanaryConfig()
+
+
+@pytest.mark.parametrize("raw,mode", [("log", CanaryMode.LOG), ("RAISE", CanaryMode.RAISE),
+                                      (" none ", CanaryMode.NONE)])
+def test_modes(raw: str, mode: CanaryMode) -> None:
+    assert parse_config({"SGLANG_KV_CANARY_MODE": raw}).mode is mode
+
+
+def test_bad_mode_names_variable_value_and_allowed() -> None:
+    with pytest.raises(CanaryConfigError) as info:
+        parse_config({"SGLANG_KV_CANARY_MODE": "loud"})
+    message = str(info.value)
+    assert "SGLANG_KV_CANARY_MODE" in message and "'loud'" in message
+    assert "none, log, raise" in message
+
+
+def test_unknown_name_is_rejected_with_suggestion() -> None:
+    with pytest.raises(CanaryConfigError) as info:
+        parse_config({"SGLANG_KV_CANARY_MDOE": "log"})
+    assert "SGLANG_KV_CANARY_MDOE" in str(info.value)
+    assert "did you mean SGLANG_KV_CANARY_MODE?" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name,raw",
+    [
+        ("SGLANG_KV_CANARY_RING_CAPACITY", "0"),
+        ("SGLANG_KV_CANARY_RING_CAPACITY", "many"),
+        ("SGLANG_KV_CANARY_SWEEP_INTERVAL", "-1"),
+        ("SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS", "1.5"),
+        ("SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS", "-3"),
+        ("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB", "1.5"),
+        ("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB", "nan"),
+        ("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB", "-0.1"),
+        ("SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE", "maybe"),
+        ("SGLANG_KV_CANARY_REAL_DATA", "half"),
+    ],
+)
+def test_bad_values_name_the_variable_and_value(name: str, raw: str) -> None:
+    environ = {"SGLANG_KV_CANARY_MODE": "log", name: raw}
+    with pytest.raises(CanaryConfigError) as info:
+        parse_config(environ)
+    assert name in str(info.value) and repr(raw) in str(info.value)
+
+
+@pytest.mark.parametrize("raw,value", [("1", True), ("true", True), ("ON", True), ("yes", True),
+                                       ("0", False), ("false", False), ("off", False), ("", False)])
+def test_booleans(raw: str, value: bool) -> None:
+    config = parse_config({"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": raw})
+    assert config.enable_token_oracle is value
+    assert config.anything_enabled is value
+
+
+def test_full_configuration() -> None:
+    config = parse_config({
+        "SGLANG_KV_CANARY_MODE": "raise",
+        "SGLANG_KV_CANARY_REAL_DATA": "partial",
+        "SGLANG_KV_CANARY_SWEEP_INTERVAL": "4",
+        "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
+        "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1",
+        "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
+        "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "0.5",
+        "SGLANG_KV_CANARY_PERTURB_SEED": "7",
+    })
+    assert config.mode is CanaryMode.RAISE and config.real_data is RealDataMode.PARTIAL
+    assert config.sweep_interval == 4 and config.perturb.seed == 7
+    assert config.perturb.enabled_probabilities() == {"real_kv_unused_cache": 0.5}
+    line = config.describe()
+    assert "mode=raise" in line and "real_data=partial" in line
+    assert "real_kv_unused_cache:0.5" in line and "seed=7" in line
+
+
+@pytest.mark.parametrize(
+    "environ,fragment",
+    [
+        ({"SGLANG_KV_CANARY_REAL_DATA": "all"}, "SGLANG_KV_CANARY_REAL_DATA is set but"),
+        ({"SGLANG_KV_CANARY_SWEEP_INTERVAL": "3"}, "SGLANG_KV_CANARY_SWEEP_INTERVAL is set but"),
+        ({"SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB": "1"}, "MODE=none"),
+        ({"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1"},
+         "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1"),
+        ({"SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB": "1"},
+         "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1"),
+        ({"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "1"},
+         "SWEEP_INTERVAL"),
+    ],
+)
+def test_settings_that_would_do_nothing_are_rejected(environ: dict, fragment: str) -> None:
+    with pytest.raises(CanaryConfigError) as info:
+        parse_config(environ)
+    assert fragment in str(info.value)
+
+
+def test_oracle_alone_is_allowed_without_canary() -> None:
+    config = parse_config({"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
+                           "SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB": "1"})
+    assert config.enable_token_oracle and not config.canary_enabled and config.anything_enabled
+
+
+def test_config_is_frozen() -> None:
+    config = parse_config({})
+    with pytest.raises(AttributeError):
+        config.mode = CanaryMode.LOG  # type: ignore[misc]
+
+
+def test_only_the_config_module_reads_the_environment() -> None:
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[3] / "python"
+    offenders = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if path.name != "config.py" and ("os.environ" in path.read_text() or "getenv" in path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_readme_lists_every_variable() -> None:
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert [name for name in sorted(KNOWN_NAMES) if name not in readme] == []
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,145 @@
+"""Activation through SGLang's plugin loader, each case in a fresh interpreter.
+
+Needs the package installed (``pip install .``): the entry point must be visible to
+``importlib.metadata``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+import pytest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="kv-canary-cpu")
+
+
+def _clean_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_KV_CANARY_")}
+    env.update(overrides)
+    return env
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=_clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+_PROBE = """
+    import json, sys
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    before = set(sys.modules)
+    load_plugins()
+    ours = sorted(m for m in set(sys.modules) - before if "kv_canary" in m)
+    hooks = {t: [getattr(h, "__module__", "") for _, h, _ in v] for t, v in HookRegistry._hooks.items()}
+    print(json.dumps({"ours": ours, "hooks": hooks, "torch_new": "torch" in set(sys.modules) - before}))
+"""
+
+
+def _probe(**env: str) -> dict:
+    result = _run(_PROBE, **env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_entry_point_is_registered() -> None:
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "kv_canary"]
+    assert len(eps) == 1
+    assert eps[0].value == "sglang.srt.kv_canary.plugin:activate"
+    assert eps[0].dist is not None and eps[0].dist.name == "sglang-kv-canary"
+
+
+def test_disabled_registers_nothing_and_imports_only_config() -> None:
+    state = _probe()
+    our_hooks = {t: m for t, m in state["hooks"].items() if any("kv_canary" in x for x in m)}
+    assert our_hooks == {}
+    assert set(state["ours"]) <= {
+        "sglang.srt.kv_canary", "sglang.srt.kv_canary.plugin", "sglang.srt.kv_canary.config"
+    }
+    assert state["torch_new"] is False
+
+
+def test_enabled_registers_hooks() -> None:
+    state = _probe(SGLANG_KV_CANARY_MODE="log")
+    our_targets = {t for t, m in state["hooks"].items() if any("kv_canary" in x for x in m)}
+    assert "sglang.srt.model_executor.model_runner.ModelRunner.initialize" in our_targets
+    assert "sglang.srt.managers.scheduler.Scheduler.__init__" in our_targets
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"SGLANG_KV_CANARY_MODE": "loud"}, ["SGLANG_KV_CANARY_MODE", "'loud'", "none, log, raise"]),
+        ({"SGLANG_KV_CANARY_MDOE": "log"}, ["SGLANG_KV_CANARY_MDOE", "SGLANG_KV_CANARY_MODE"]),
+        ({"SGLANG_KV_CANARY_RING_CAPACITY": "0", "SGLANG_KV_CANARY_MODE": "log"},
+         ["SGLANG_KV_CANARY_RING_CAPACITY", "'0'"]),
+    ],
+)
+def test_bad_configuration_exits_non_zero_with_message(env: dict, expected: list[str]) -> None:
+    result = _run("from sglang.srt.plugins import load_plugins; load_plugins()", **env)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    for fragment in expected:
+        assert fragment in output, output[-2000:]
+    assert "Traceback" not in output  # a short message, not a stack dump
+
+
+def test_missing_hook_target_stops_with_target_and_version() -> None:
+    code = """
+        from sglang.srt.kv_canary import hook_targets
+        from sglang.srt.kv_canary.config import parse_config
+        spec = hook_targets.HOOK_SPECS[0]
+        broken = hook_targets.HookSpec(target="sglang.srt.managers.scheduler.Scheduler.no_such_method",
+                                       hook_type="after", implementation=spec.implementation,
+                                       needed=spec.needed, purpose="test")
+        hook_targets.HOOK_SPECS = (broken,)
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+    """
+    result = _run(code, SGLANG_KV_CANARY_MODE="log")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "Scheduler.no_such_method" in output and "0.5.12.post1" in output
+
+
+def test_unapplied_hook_is_detected() -> None:
+    code = """
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.kv_canary import hook_targets
+        load_plugins()
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        ModelRunner.initialize = ModelRunner.initialize.__wrapped__   # undo one hook
+        try:
+            hook_targets.verify_hooks_applied()
+        except hook_targets.HookTargetError as exc:
+            print("DETECTED", exc)
+    """
+    result = _run(code, SGLANG_KV_CANARY_MODE="log")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "DETECTED" in result.stdout and "ModelRunner.initialize" in result.stdout
+
+
+def test_oracle_backend_without_oracle_is_refused() -> None:
+    code = """
+        import sys
+        sys.argv = ["launch_server", "--sampling-backend", "token_oracle"]
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+    """
+    result = _run(code)
+    assert result.returncode != 0
+    assert "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1" in result.stdout + result.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
