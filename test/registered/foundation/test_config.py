@@ -85,19 +85,18 @@ def test_full_configuration() -> None:
     config = parse_config({
         "SGLANG_KV_CANARY_MODE": "raise",
         "SGLANG_KV_CANARY_REAL_DATA": "partial",
-        "SGLANG_KV_CANARY_SWEEP_INTERVAL": "4",
         "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
         "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1",
         "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
-        "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "0.5",
+        "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "0.5",
         "SGLANG_KV_CANARY_PERTURB_SEED": "7",
     })
     assert config.mode is CanaryMode.RAISE and config.real_data is RealDataMode.PARTIAL
-    assert config.sweep_interval == 4 and config.perturb.seed == 7
-    assert config.perturb.enabled_probabilities() == {"real_kv_unused_cache": 0.5}
+    assert config.perturb.seed == 7
+    assert config.perturb.enabled_probabilities() == {"real_kv_used": 0.5}
     line = config.describe()
     assert "mode=raise" in line and "real_data=partial" in line
-    assert "real_kv_unused_cache:0.5" in line and "seed=7" in line
+    assert "real_kv_used:0.5" in line and "seed=7" in line
 
 
 @pytest.mark.parametrize(
@@ -120,6 +119,14 @@ def test_settings_that_would_do_nothing_are_rejected(environ: dict, fragment: st
     assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["SGLANG_KV_CANARY_SWEEP_INTERVAL",
+                                  "SGLANG_KV_CANARY_PERTURB_REAL_KV_POST_FORWARD_PROB"])
+def test_unimplemented_knobs_are_refused(name: str) -> None:
+    with pytest.raises(CanaryConfigError) as info:
+        parse_config({"SGLANG_KV_CANARY_MODE": "log", name: "1"})
+    assert name in str(info.value) and "not implemented" in str(info.value)
+
+
 def test_oracle_alone_is_allowed_without_canary() -> None:
     config = parse_config({"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
                            "SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB": "1"})
@@ -133,13 +140,18 @@ def test_config_is_frozen() -> None:
 
 
 def test_only_the_config_module_reads_the_environment() -> None:
+    """Runtime code gets settings from the config layer. The one exception is ``tools/`` (test
+    and demo helpers that build a child process's environment for launch_server)."""
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[3] / "python"
+    config_module = root / "sglang/srt/kv_canary/config.py"
+    tools_package = root / "sglang/srt/kv_canary/tools"
     offenders = [
         str(path.relative_to(root))
         for path in root.rglob("*.py")
-        if path.name != "config.py" and ("os.environ" in path.read_text() or "getenv" in path.read_text())
+        if path != config_module and tools_package not in path.parents
+        and ("os.environ" in path.read_text() or "getenv" in path.read_text())
     ]
     assert offenders == []
 

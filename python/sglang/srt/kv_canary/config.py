@@ -294,6 +294,14 @@ def parse_config(environ: Mapping[str, str]) -> CanaryConfig:
     return config
 
 
+# Knobs of the spec this release does not implement yet: refused, never silently ignored.
+_NOT_YET_IMPLEMENTED: dict[str, Callable[[CanaryConfig], bool]] = {
+    "SWEEP_INTERVAL": lambda c: c.sweep_interval > 0,
+    "PERTURB_REAL_KV_UNUSED_CACHE_PROB": lambda c: c.perturb.real_kv_unused_cache_prob > 0,
+    "PERTURB_REAL_KV_POST_FORWARD_PROB": lambda c: c.perturb.real_kv_post_forward_prob > 0,
+}
+
+
 def _validate_combinations(config: CanaryConfig) -> None:
     """Reject settings that would have no effect: nothing may be silently disabled."""
     mode_name = ENV_PREFIX + "MODE"
@@ -330,6 +338,12 @@ def _validate_combinations(config: CanaryConfig) -> None:
         f"{ENV_PREFIX}SWEEP_INTERVAL=0: only the sweep can see unused cached slots; "
         f"set {ENV_PREFIX}SWEEP_INTERVAL >= 1",
     )
+    for suffix, is_set in _NOT_YET_IMPLEMENTED.items():
+        _require(
+            not is_set(config),
+            f"{ENV_PREFIX}{suffix} is not implemented in this release of sglang-kv-canary; "
+            f"unset it (see README, 'Not yet implemented')",
+        )
 
 
 # ----------------------------------------------------------------------------- the one read

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install everything on a fresh machine into a virtual environment (idempotent):
+# sglang 0.5.12.post1 under the pinned constraints, then this package with `pip install .`.
+#   KV_CANARY_VENV   where the venv lives (default: .venv in the repo root)
+#   KV_CANARY_PYTHON the interpreter that creates it (default: python3)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=${KV_CANARY_VENV:-$repo/.venv}
+constraints="$repo/constraints/sglang-0.5.12.post1.txt"
+if [ ! -x "$venv/bin/python" ]; then
+  "${KV_CANARY_PYTHON:-python3}" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('sglang') == '0.5.12.post1'" 2>/dev/null; then
+  echo "[setup] installing sglang 0.5.12.post1 (a few minutes, several GB)"
+  "${pip[@]}" install -q "sglang==0.5.12.post1" -c "$constraints"
+fi
+"${pip[@]}" install -q pytest -c "$constraints"
+echo "[setup] installing sglang-kv-canary from $repo"
+"${pip[@]}" install -q "$repo" -c "$constraints"
+echo "[setup] ready: $venv"
