@@ -27,3 +27,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# Shared end-to-end fixtures (real `python -m sglang.launch_server` on a tiny dummy-weight model).
+from e2e_fixtures import (  # noqa: E402,F401 - fixtures and their report hook
+    canary_server,
+    expect_launch_failure,
+    keep_log,
+    pytest_runtest_makereport,
+    tiny_eagle_draft_dir,
+    tiny_model_dir,
+)

@@ -77,7 +77,150 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         purpose="fail loudly at model-runner init if any needed hook is not in place",
     ),
     # ---------------------------------------------------------------- oracle (issue 3)
+    HookSpec(
+        target="sglang.srt.server_args.ServerArgs.add_cli_args",
+        hook_type="before",
+        implementation="sglang.srt.kv_canary.token_oracle.sampler:"
+                       "register_backend_before_cli_parsing",
+        needed=_oracle,
+        purpose="register the token_oracle sampling backend before argparse reads "
+                "SAMPLING_BACKEND_CHOICES, so --sampling-backend token_oracle parses",
+    ),
+    HookSpec(
+        target=f"{_MR}.initialize",
+        hook_type="before",
+        implementation="sglang.srt.kv_canary.token_oracle.install:"
+                       "install_token_oracle_before_model_runner_init",
+        needed=_oracle,
+        purpose="build the oracle from the served model's vocab and register the backend "
+                "before initialize() calls create_sampler()",
+    ),
+    HookSpec(
+        target=f"{_FB}.init_new",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.request_id_hooks:attach_request_ids_after_init_new",
+        needed=_oracle,
+        purpose="rids_int / bootstrap_room_ids_int on the ForwardBatch and its sampling_info",
+    ),
+    HookSpec(
+        target=f"{_FB}._pad_inputs_to_size",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.request_id_hooks:pad_request_ids_after_pad_inputs",
+        needed=_oracle,
+        purpose="pad the ids (rids 0, rooms -1) with the batch and keep sampling_info in sync",
+    ),
+    HookSpec(
+        target="sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner."
+               "capture_one_batch_size",
+        hook_type="around",
+        implementation="sglang.srt.kv_canary.request_id_graph_buffers:"
+                       "capture_decode_graph_with_request_ids",
+        needed=_oracle,
+        purpose="the decode/verify capture batch reads graph-resident id buffers [:bs]",
+    ),
+    HookSpec(
+        target="sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner.replay_prepare",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.request_id_graph_buffers:"
+                       "fill_decode_graph_request_ids_after_replay_prepare",
+        needed=_oracle,
+        purpose="before every decode/verify replay: ids [:raw_bs] from the live batch, "
+                "padded rows reset to 0 / -1",
+    ),
+    HookSpec(
+        target="sglang.srt.speculative.eagle_draft_cuda_graph_runner."
+               "EAGLEDraftCudaGraphRunner.capture_one_batch_size",
+        hook_type="around",
+        implementation="sglang.srt.kv_canary.request_id_graph_buffers:"
+                       "capture_draft_graph_with_request_ids",
+        needed=_oracle,
+        purpose="the EAGLE draft capture batch reads graph-resident id buffers [:bs]",
+    ),
+    HookSpec(
+        target="sglang.srt.speculative.eagle_draft_cuda_graph_runner."
+               "EAGLEDraftCudaGraphRunner.replay",
+        hook_type="before",
+        implementation="sglang.srt.kv_canary.request_id_graph_buffers:"
+                       "fill_draft_graph_request_ids_before_replay",
+        needed=_oracle,
+        purpose="before every EAGLE draft replay: ids [:raw_bs], padded rows reset",
+    ),
+    HookSpec(
+        target="sglang.srt.speculative.eagle_info_v2.EagleVerifyInputV2Mixin.sample",
+        hook_type="around",
+        implementation="sglang.srt.kv_canary.token_oracle.eagle_verify:sample_verify_with_oracle",
+        needed=_oracle,
+        purpose="EAGLE v2 verify picks the oracle's tokens (it does not use the sampler)",
+    ),
     # ---------------------------------------------------------------- core (issue 4)
+    HookSpec(
+        target=f"{_MR}.initialize",
+        hook_type="before",
+        implementation="sglang.srt.kv_canary.core_hooks:refuse_unsupported_server_args",
+        needed=_canary,
+        purpose="refuse flags the canary cannot check (spec decoding, piecewise graphs, PD, ...)",
+    ),
+    HookSpec(
+        target="sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator"
+        "._compute_cell_size",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.core_hooks:add_record_bytes_to_cell_size",
+        needed=_canary,
+        purpose="budget one 32-byte record per KV token inside the KV memory",
+    ),
+    HookSpec(
+        target="sglang.srt.model_executor.model_runner_kv_cache_mixin.ModelRunnerKVCacheMixin"
+        "._profile_available_bytes",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.core_hooks:reserve_fixed_canary_bytes",
+        needed=_canary,
+        purpose="budget the violation ring, counters and padding-slot records",
+    ),
+    HookSpec(
+        target="sglang.srt.model_executor.model_runner_kv_cache_mixin.ModelRunnerKVCacheMixin"
+        ".init_memory_pool",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.core_hooks:install_after_memory_pool",
+        needed=_canary,
+        purpose="allocate records beside the KV pool and wrap model.forward before graph capture",
+    ),
+    HookSpec(
+        target=f"{_MR}.initialize",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.core_hooks:reset_counters_after_initialize",
+        needed=_canary,
+        purpose="zero the device counters once warm-up and graph capture are over",
+    ),
+    HookSpec(
+        target=f"{_MR}.forward",
+        hook_type="around",
+        implementation="sglang.srt.kv_canary.core_hooks:around_model_runner_forward",
+        needed=_canary,
+        purpose="per-step host work: poll violations, mode check, perturb, health, stats",
+    ),
+    HookSpec(
+        target="sglang.srt.model_executor.cuda_graph_runner.DecodeInputBuffers"
+        ".populate_from_forward_batch",
+        hook_type="before",
+        implementation="sglang.srt.kv_canary.core_hooks:zero_padded_req_pool_indices",
+        needed=_canary,
+        purpose="padded CUDA-graph rows point at req_pool_idx 0, not at stale requests",
+    ),
+    HookSpec(
+        target="sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner.capture",
+        hook_type="before",
+        implementation="sglang.srt.kv_canary.core_hooks:clear_graph_inputs_before_capture",
+        needed=_canary,
+        purpose="(re)capture warm-up runs see padding rows only, never stale requests",
+    ),
+    HookSpec(
+        target="sglang.srt.managers.scheduler_runtime_checker_mixin.SchedulerRuntimeCheckerMixin"
+        ".on_idle",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.core_hooks:poll_when_idle",
+        needed=_canary,
+        purpose="report the last forwards' violations while the server is idle",
+    ),
     # ---------------------------------------------------------------- token checks (issue 5)
 )
 

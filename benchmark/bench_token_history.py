@@ -1,0 +1,180 @@
+"""Host cost of the verify-token history sync (full vs incremental) and the scatter kernel's speed.
+
+Part 1, any machine: per-forward host time of ``snapshot`` (at ``ForwardBatch.init_new``) and
+``populate`` (before the forward) for a steady decode batch of N running requests with H-token
+histories, in FULL and INCREMENTAL mode, side by side; plus a "churn" variant where every step
+two requests finish and two new H-token requests take their rows. On a machine without CUDA the
+pool lives on the CPU and the scatter launch is left out (a CPU has no Triton backend; the
+interpreter would measure itself), so "populate" is its host work: the staging copy and the
+bookkeeping. With CUDA, populate is the real call (pinned copy + launch), timed without a sync.
+
+Part 2, CUDA only: the scatter kernel vs the torch reference from decode sizes to 2M tokens:
+GPU time (from CUDA-graph replays) with the achieved bandwidth, and the eager call's time.
+
+    python benchmark/bench_token_history.py [--requests 256] [--history 8192] [--steps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (
+    launch_scatter_req_token_ids_kernel,
+    scatter_req_token_ids_torch_reference,
+)
+from sglang.srt.kv_canary import req_to_expected_token_ids_manager as manager
+from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (
+    ReqToVerifyExpectedTokens,
+    TokenHistorySyncMode,
+)
+
+
+class _Req:
+    """The attributes of SGLang's ``Req`` the snapshot reads (list-based, as in 0.5.12)."""
+
+    def __init__(self, rid: str, prompt: list[int], row: int) -> None:
+        self.rid = rid
+        self.origin_input_ids = prompt
+        self.output_ids: list[int] = []
+        self.req_pool_idx = row
+        self.retraction_count = 0
+
+
+def _new_request(rng: random.Random, rid: int, history: int, row: int) -> _Req:
+    return _Req(f"r{rid}", [rng.randrange(150_000) for _ in range(history)], row)
+
+
+def _measure_host(
+    *, mode: TokenHistorySyncMode, num_requests: int, history: int, steps: int, churn: int,
+    device: str,
+) -> dict[str, float]:
+    rng = random.Random(0)
+    pool = ReqToVerifyExpectedTokens(
+        num_rows=num_requests + 1, max_context_len=history + steps + 8, device=device,
+        sync_mode=mode,
+    )
+    reqs = [_new_request(rng, i, history, row=i + 1) for i in range(num_requests)]
+    next_rid = num_requests
+    pool.populate(pool.snapshot(reqs))  # admission: every history is written once
+    snapshot_ms, populate_ms, tokens = [], [], []
+    for _ in range(steps):
+        for req in reqs:
+            req.output_ids.append(rng.randrange(150_000))
+        for _ in range(churn):  # a request finishes; a new one takes its row
+            victim = rng.randrange(len(reqs))
+            reqs[victim] = _new_request(rng, next_rid, history, row=reqs[victim].req_pool_idx)
+            next_rid += 1
+        start = time.perf_counter()
+        info = pool.snapshot(reqs)
+        middle = time.perf_counter()
+        pool.populate(info)
+        end = time.perf_counter()
+        snapshot_ms.append((middle - start) * 1e3)
+        populate_ms.append((end - middle) * 1e3)
+        tokens.append(info.num_tokens)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return {
+        "snapshot_ms": statistics.median(snapshot_ms),
+        "populate_ms": statistics.median(populate_ms),
+        "tokens": statistics.median(tokens),
+    }
+
+
+def _host_report(*, num_requests: int, history: int, steps: int, device: str) -> None:
+    print(f"\n== host time per forward: {num_requests} running requests, {history}-token "
+          f"histories, median of {steps} decode steps, pool on {device} ==")
+    print(f"{'scenario':<22}{'mode':<13}{'snapshot ms':>13}{'populate ms':>13}{'total ms':>11}"
+          f"{'tokens/fwd':>12}")
+    for churn in (0, 2):
+        scenario = "decode" if churn == 0 else f"decode + {churn} new/step"
+        for mode in (TokenHistorySyncMode.FULL, TokenHistorySyncMode.INCREMENTAL):
+            r = _measure_host(mode=mode, num_requests=num_requests, history=history, steps=steps,
+                              churn=churn, device=device)
+            total_ms = r["snapshot_ms"] + r["populate_ms"]
+            print(f"{scenario:<22}{mode.value:<13}{r['snapshot_ms']:>13.3f}"
+                  f"{r['populate_ms']:>13.3f}{total_ms:>11.3f}{int(r['tokens']):>12}")
+
+
+def _gpu_time_us(fn: Callable[[], None], *, launches: int = 20, repeats: int = 10) -> float:
+    """GPU time of one ``fn`` call: ``launches`` calls captured in a CUDA graph, replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    return _event_time_us(graph.replay, repeats=repeats) / launches
+
+
+def _event_time_us(fn: Callable[[], None], *, repeats: int = 20) -> float:
+    """Median time of one ``fn`` call between CUDA events (host launch overhead included)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def _kernel_report() -> None:
+    print("\n== scatter kernel (CUDA): Triton vs torch reference ==")
+    print("kernel us: GPU time (launches replayed from a CUDA graph); call us: one eager call "
+          "between CUDA events (host launch overhead included); GB/s counts 8 B read + 4 B "
+          "written per token + 32 B per row")
+    print(f"{'rows':>7}{'tokens':>10}{'kernel us':>11}{'GB/s':>7}{'call us':>9}"
+          f"{'torch ref us':>14}{'ref/call':>10}")
+    for batch_size, per_row in ((256, 8192), (4096, 512), (32768, 64), (4096, 1), (256, 1)):
+        generator = torch.Generator().manual_seed(0)
+        num_tokens = batch_size * per_row
+        inputs = {
+            "flat_in": torch.randint(0, 150_000, (num_tokens,), generator=generator).cuda(),
+            "offsets": torch.arange(0, num_tokens + 1, per_row, dtype=torch.int64).cuda(),
+            "req_pool_indices": torch.randperm(batch_size, generator=generator).add(1).cuda(),
+            "pool_out": torch.zeros((batch_size + 1, per_row), dtype=torch.int32, device="cuda"),
+            "history_lens": torch.full((batch_size,), per_row, dtype=torch.int64, device="cuda"),
+            "history_lens_out": torch.zeros(batch_size + 1, dtype=torch.int64, device="cuda"),
+        }
+        moved = num_tokens * (8 + 4) + batch_size * 32
+        kernel_us = _gpu_time_us(lambda: launch_scatter_req_token_ids_kernel(**inputs))
+        call_us = _event_time_us(lambda: launch_scatter_req_token_ids_kernel(**inputs))
+        reference_us = _event_time_us(lambda: scatter_req_token_ids_torch_reference(**inputs))
+        print(f"{batch_size:>7}{num_tokens:>10}{kernel_us:>11.1f}{moved / kernel_us / 1e3:>7.0f}"
+              f"{call_us:>9.1f}{reference_us:>14.1f}{reference_us / call_us:>9.1f}x")
+    copy_source = torch.empty(3 << 20, dtype=torch.int64, device="cuda")
+    copy_target = torch.empty_like(copy_source)
+    copy_us = _gpu_time_us(lambda: copy_target.copy_(copy_source))
+    print(f"for scale: a device-to-device copy of 24 MiB (read + write 48 MiB) takes "
+          f"{copy_us:.1f} us ({2 * copy_source.nbytes / copy_us / 1e3:.0f} GB/s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--history", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    if not cuda:  # see the module docstring: time the host work, not a CPU Triton interpreter
+        manager.launch_scatter_req_token_ids_kernel = lambda **_: None
+    _host_report(num_requests=args.requests, history=args.history, steps=args.steps,
+                 device="cuda" if cuda else "cpu")
+    if cuda:
+        _kernel_report()
+
+
+if __name__ == "__main__":
+    main()

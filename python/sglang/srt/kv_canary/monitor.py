@@ -1,0 +1,69 @@
+"""Host-side watch over the device counters: violations, health and stats, without host syncs.
+
+Per forward step the runtime calls :meth:`CanaryMonitor.poll` before the forward (consume the
+counter copies that completed, report new violation rows) and :meth:`CanaryMonitor.after_forward`
+after it (enqueue this forward's copy, run the periodic health check and stats line on the
+newest consumed snapshot). A violation produced by forward N is therefore reported at the first
+poll after the copy of forward N completed: normally the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
+from sglang.srt.kv_canary.config import CanaryConfig
+from sglang.srt.kv_canary.health import HealthChecker
+from sglang.srt.kv_canary.snapshots import (
+    ZERO_SNAPSHOT,
+    CompletionEvent,
+    CounterSnapshotPipe,
+)
+from sglang.srt.kv_canary.stats import stats_due, stats_line
+from sglang.srt.kv_canary.violation_reporter import ViolationReporter
+
+logger = logging.getLogger(__name__)
+
+
+class CanaryMonitor:
+    """Owns the snapshot pipe, the violation reporter, the health checker and the stats line."""
+
+    def __init__(
+        self,
+        *,
+        state: CanaryDeviceState,
+        config: CanaryConfig,
+        new_event: Callable[[], CompletionEvent],
+    ) -> None:
+        self._pipe = CounterSnapshotPipe(counters=state.counters, new_event=new_event)
+        self._reporter = ViolationReporter(ring=state.ring, mode=config.mode)
+        self._health = HealthChecker(every_n_steps=config.health_check_every_n_steps)
+        self._stats_every = config.stats_print_every_n_steps
+        self._latest = ZERO_SNAPSHOT
+
+    def poll(self) -> None:
+        """Consume completed counter copies and report new violation rows (never waits).
+
+        Raises:
+            CanaryViolationError: raise mode and a new violation row arrived.
+        """
+        for snapshot in self._pipe.drain():
+            self._latest = snapshot
+            self._reporter.report(violation_count=snapshot.violations)
+
+    def after_forward(self, *, steps: int, live_forwards: int) -> None:
+        """Enqueue the counter copy of the forward just launched; periodic health and stats.
+
+        Args:
+            steps: forward steps completed, this one included.
+            live_forwards: of those, the ones that ran the canary launches.
+        Raises:
+            CanaryHealthError: the periodic health check failed.
+        """
+        self._pipe.enqueue(steps=steps, live_forwards=live_forwards)
+        health_line = self._health.check(steps=steps, latest=self._latest)
+        if health_line is not None:
+            logger.info(health_line)
+        if stats_due(steps=steps, every_n_steps=self._stats_every):
+            logger.info(stats_line(self._latest))

@@ -1,0 +1,181 @@
+"""Per-request integer identity (SPEC §3): hashed request ids, bootstrap rooms, generalized ids.
+
+Every row of a forward batch carries two int64 ids when the token oracle is enabled:
+
+* ``rids_int``: the request's ``rid`` hashed with BLAKE2b (8-byte digest) and read as a
+  little-endian *signed* int64;
+* ``bootstrap_room_ids_int``: the request's PD-disaggregation ``bootstrap_room``, or -1 where it
+  is None.
+
+The *generalized* request id of a row is its bootstrap room when that is >= 0, else its
+``rids_int``, so the prefill and decode servers of one PD pair agree on it.
+
+The two tensors live as attributes of the ``ForwardBatch`` and of its ``SamplingBatchInfo``
+(names :data:`RIDS_INT_ATTR`, :data:`BOOTSTRAP_ROOM_IDS_INT_ATTR`); :func:`request_ids_of` reads
+them back and raises :class:`MissingRequestIdsError` when they are absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+RIDS_INT_ATTR = "rids_int"
+BOOTSTRAP_ROOM_IDS_INT_ATTR = "bootstrap_room_ids_int"
+RID_PAD_VALUE = 0  # rids_int of a padded row
+ROOM_PAD_VALUE = -1  # bootstrap_room_ids_int of a padded row (and of a request without a room)
+_INT64_MAX = (1 << 63) - 1
+_ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
+
+
+class MissingRequestIdsError(RuntimeError):
+    """A batch has no per-request ids: it was not built with the token oracle enabled."""
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def stable_hash_str_to_i64(rid: str) -> int:
+    """BLAKE2b (digest size 8) of the UTF-8 bytes of ``rid``, as a little-endian signed int64.
+
+    Stable across processes and Python versions (unlike ``hash``). Cached: a running request is
+    hashed once, not once per step.
+
+    Raises:
+        TypeError: ``rid`` is not a ``str``.
+    """
+    if not isinstance(rid, str):
+        raise TypeError(f"rid must be a str, got {type(rid).__name__} ({rid!r})")
+    digest = hashlib.blake2b(rid.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, byteorder="little", signed=True)
+
+
+def _room_to_i64(bootstrap_room: int | None) -> int:
+    if bootstrap_room is None:
+        return ROOM_PAD_VALUE
+    if isinstance(bootstrap_room, bool) or not isinstance(bootstrap_room, int):
+        raise TypeError(
+            f"bootstrap_room must be an int or None, got {type(bootstrap_room).__name__} "
+            f"({bootstrap_room!r})"
+        )
+    if not 0 <= bootstrap_room <= _INT64_MAX:
+        raise ValueError(
+            f"bootstrap_room={bootstrap_room} is invalid; allowed: None or an integer in "
+            f"[0, 2**63 - 1]"
+        )
+    return bootstrap_room
+
+
+def _host_rows_to_device(rows: Sequence[Sequence[int]], device: torch.device | str) -> torch.Tensor:
+    """One int64 tensor ``[len(rows), n]`` on ``device``, with a single host-to-device copy.
+
+    On CUDA the host staging tensor is pinned, so the copy is asynchronous and does not wait
+    for the device.
+    """
+    target = torch.device(device)
+    pin = target.type == "cuda"
+    host = torch.tensor(rows, dtype=torch.int64, pin_memory=pin)
+    return host.to(target, non_blocking=pin)
+
+
+def hash_rids_to_tensor(*, rids: Sequence[str], device: torch.device | str) -> torch.Tensor:
+    """``rids_int``: int64 ``[len(rids)]`` on ``device``, :func:`stable_hash_str_to_i64` of each."""
+    return _host_rows_to_device([[stable_hash_str_to_i64(rid) for rid in rids]], device)[0]
+
+
+def bootstrap_rooms_to_tensor(
+    *, bootstrap_rooms: Sequence[int | None], device: torch.device | str
+) -> torch.Tensor:
+    """``bootstrap_room_ids_int``: int64 ``[len(bootstrap_rooms)]``; None becomes -1.
+
+    Raises:
+        ValueError / TypeError: a room is negative, above 2**63 - 1, or not an int.
+    """
+    return _host_rows_to_device([[_room_to_i64(room) for room in bootstrap_rooms]], device)[0]
+
+
+def request_ids_to_tensors(
+    *, rids: Sequence[str], bootstrap_rooms: Sequence[int | None], device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rids_int, bootstrap_room_ids_int)`` of one batch with one host-to-device copy.
+
+    Both are int64 ``[n]`` rows of one ``[2, n]`` device tensor (each row contiguous).
+
+    Raises:
+        ValueError: ``rids`` and ``bootstrap_rooms`` differ in length, or a room is out of range.
+    """
+    if len(rids) != len(bootstrap_rooms):
+        raise ValueError(
+            f"rids ({len(rids)}) and bootstrap_rooms ({len(bootstrap_rooms)}) differ in length"
+        )
+    both = _host_rows_to_device(
+        [
+            [stable_hash_str_to_i64(rid) for rid in rids],
+            [_room_to_i64(room) for room in bootstrap_rooms],
+        ],
+        device,
+    )
+    return both[0], both[1]
+
+
+def select_generalized_req_ids(
+    *, vanilla_req_ids: torch.Tensor, bootstrap_room_ids_int: torch.Tensor
+) -> torch.Tensor:
+    """Per row: the bootstrap room when it is >= 0, else the hashed rid.
+
+    Args:
+        vanilla_req_ids: int64 ``[n]`` (``rids_int``).
+        bootstrap_room_ids_int: int64 ``[n]``, -1 where a request has no room.
+    Returns:
+        int64 ``[n]`` on the same device. Elementwise, no host sync: CUDA-graph capturable.
+    Raises:
+        TypeError / ValueError: a dtype is not int64, or the shapes differ.
+    """
+    for name, tensor in (("vanilla_req_ids", vanilla_req_ids),
+                         ("bootstrap_room_ids_int", bootstrap_room_ids_int)):
+        if tensor.dtype != torch.int64:
+            raise TypeError(f"{name} must be int64, got {tensor.dtype}")
+    if vanilla_req_ids.shape != bootstrap_room_ids_int.shape:
+        raise ValueError(
+            f"vanilla_req_ids {tuple(vanilla_req_ids.shape)} and bootstrap_room_ids_int "
+            f"{tuple(bootstrap_room_ids_int.shape)} differ in shape"
+        )
+    return torch.where(bootstrap_room_ids_int >= 0, bootstrap_room_ids_int, vanilla_req_ids)
+
+
+def request_ids_of(holder: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rids_int, bootstrap_room_ids_int)`` of a ``ForwardBatch`` or ``SamplingBatchInfo``.
+
+    Raises:
+        MissingRequestIdsError: the ids are absent (the message names
+            SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE and the holder's type).
+    """
+    rids_int = getattr(holder, RIDS_INT_ATTR, None)
+    rooms = getattr(holder, BOOTSTRAP_ROOM_IDS_INT_ATTR, None)
+    if rids_int is None or rooms is None:
+        raise MissingRequestIdsError(
+            f"this {type(holder).__name__} has no per-request ids ({RIDS_INT_ATTR}, "
+            f"{BOOTSTRAP_ROOM_IDS_INT_ATTR}); they are set by ForwardBatch.init_new only when "
+            f"{_ORACLE_VARIABLE}=1 (batches built another way, e.g. two-batch-overlap children, "
+            f"do not have them)"
+        )
+    return rids_int, rooms
+
+
+def generalized_req_ids_of(holder: object) -> torch.Tensor:
+    """The generalized request ids (int64 ``[rows]``) of a ``ForwardBatch``/``SamplingBatchInfo``.
+
+    Raises:
+        MissingRequestIdsError: see :func:`request_ids_of`.
+    """
+    rids_int, rooms = request_ids_of(holder)
+    return select_generalized_req_ids(vanilla_req_ids=rids_int, bootstrap_room_ids_int=rooms)
+
+
+def set_request_ids(
+    holder: object, *, rids_int: torch.Tensor, bootstrap_room_ids_int: torch.Tensor
+) -> None:
+    """Attach the two id tensors to ``holder`` (a ``ForwardBatch`` or ``SamplingBatchInfo``)."""
+    setattr(holder, RIDS_INT_ATTR, rids_int)
+    setattr(holder, BOOTSTRAP_ROOM_IDS_INT_ATTR, bootstrap_room_ids_int)

@@ -1,0 +1,260 @@
+"""The self-check's scenarios: clean runs, each perturbation, raise mode, a stopped canary path.
+
+Every scenario installs the canary exactly as the server does (``install_canary``, the
+``ModelRunner.forward`` hook, the monitor, the fault injector) on a fresh
+:class:`~.simulation.SimulatedServer`, runs the mixed workload, and judges what the canary
+logged: the same ``kv_canary violation:`` / ``kv_canary perturb:`` / stats / health lines a
+server writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field, replace
+
+from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
+from sglang.srt.kv_canary.core_hooks import around_model_runner_forward
+from sglang.srt.kv_canary.health import HEALTH_OK_PREFIX, CanaryHealthError
+from sglang.srt.kv_canary.kernels import CanaryKernels
+from sglang.srt.kv_canary.model_forward import uninstall_model_forward
+from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
+from sglang.srt.kv_canary.runtime import CanaryRuntime, install_canary
+from sglang.srt.kv_canary.selfcheck.simulation import (
+    SimulatedModelRunner,
+    default_server,
+    run_mixed_workload,
+)
+from sglang.srt.kv_canary.stats import STATS_LINE_RE
+from sglang.srt.kv_canary.violations import (
+    CanaryViolationError,
+    ViolationRow,
+    find_violation_rows,
+    format_reasons,
+)
+
+_VERIFY_CHECKS = (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY)
+_STOP_AT_STEP = 10  # the "canary path stopped" scenario removes the wrapper after this step
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """One self-check run and what must come out of it."""
+
+    name: str
+    config: CanaryConfig
+    must_detect: int = 0  # reason bit every fault must be reported with (0: clean run)
+    allowed_reasons: int = 0  # reason bits any violation row may carry
+    expect_silent_faults: bool = False  # faults injected but nothing can see them
+    stop_canary: bool = False  # remove the model wrapper mid-run: the health check must fire
+
+
+@dataclass(slots=True, kw_only=True)
+class Outcome:
+    """What a scenario produced and whether that is what it must produce."""
+
+    scenario: Scenario
+    page_size: int
+    forwards: int = 0
+    faults: int = 0
+    rows: list[ViolationRow] = field(default_factory=list)
+    detail: str = ""
+    passed: bool = False
+
+
+def _base_config(*, real_data: RealDataMode, mode: CanaryMode = CanaryMode.LOG) -> CanaryConfig:
+    return CanaryConfig(
+        mode=mode,
+        real_data=real_data,
+        ring_capacity=4096,
+        stats_print_every_n_steps=10,
+        health_check_every_n_steps=8,
+    )
+
+
+def _perturbed(config: CanaryConfig, **probabilities: float) -> CanaryConfig:
+    return replace(config, perturb=PerturbConfig(warmup_steps=6, seed=1234, **probabilities))
+
+
+def default_scenarios() -> list[Scenario]:
+    partial = _base_config(real_data=RealDataMode.PARTIAL)
+    position_or_chain = int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN)
+    return [
+        Scenario(name="clean run, real_data=partial", config=partial),
+        Scenario(name="clean run, real_data=all", config=_base_config(real_data=RealDataMode.ALL)),
+        Scenario(
+            name="req_to_token fault",
+            config=_perturbed(partial, req_to_token_prob=1.0),
+            must_detect=int(Reason.VERIFY_POSITION),
+            allowed_reasons=position_or_chain,
+        ),
+        Scenario(
+            name="real_kv_used fault, real_data=partial",
+            config=_perturbed(partial, real_kv_used_prob=1.0),
+            must_detect=int(Reason.VERIFY_REAL_KV),
+            allowed_reasons=int(Reason.VERIFY_REAL_KV),
+        ),
+        Scenario(
+            name="real_kv_used fault, real_data=none",
+            config=_perturbed(_base_config(real_data=RealDataMode.NONE), real_kv_used_prob=1.0),
+            expect_silent_faults=True,
+        ),
+        Scenario(
+            name="req_to_token fault, mode=raise",
+            config=_perturbed(
+                _base_config(real_data=RealDataMode.PARTIAL, mode=CanaryMode.RAISE),
+                req_to_token_prob=1.0,
+            ),
+            must_detect=int(Reason.VERIFY_POSITION),
+            allowed_reasons=position_or_chain,
+        ),
+        Scenario(name="canary path stopped mid-run", config=partial, stop_canary=True),
+    ]
+
+
+class _LogCapture(logging.Handler):
+    """Collects the canary's log lines of one run (and keeps them off the console)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> _LogCapture:
+        logger = logging.getLogger("sglang.srt.kv_canary")
+        self._saved = (logger.level, logger.propagate)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger("sglang.srt.kv_canary")
+        logger.removeHandler(self)
+        logger.setLevel(self._saved[0])
+        logger.propagate = self._saved[1]
+
+
+def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) -> Outcome:
+    """Run the mixed workload under ``scenario`` and judge the canary's output."""
+    outcome = Outcome(scenario=scenario, page_size=page_size)
+    runtime: CanaryRuntime | None = None
+
+    def forward(batch: object) -> object:
+        if scenario.stop_canary and runtime.steps == _STOP_AT_STEP:
+            uninstall_model_forward(server.runner.model)
+        return around_model_runner_forward(SimulatedModelRunner.forward, server.runner, batch)
+
+    server = default_server(page_size=page_size, forward=forward)
+    error: Exception | None = None
+    with _LogCapture() as capture:
+        runtime = install_canary(
+            model_runner=server.runner,
+            config=scenario.config,
+            kernels=kernels,
+            memory_source="beside a CPU test pool (no KV budget to take it from)",
+        )
+        runtime.reset_for_serving()
+        try:
+            run_mixed_workload(server)
+            runtime.monitor.poll()  # what the server's idle hook does
+        except (CanaryViolationError, CanaryHealthError) as exc:
+            error = exc
+    outcome.forwards = server.forwards
+    outcome.rows = find_violation_rows("\n".join(capture.lines))
+    faults = [m for m in map(PERTURB_LINE_RE.search, capture.lines) if m is not None]
+    outcome.faults = len(faults)
+    judge = _judge_stopped if scenario.stop_canary else _judge_run
+    outcome.passed, outcome.detail = judge(
+        scenario=scenario, rows=outcome.rows, faults=faults, error=error,
+        lines=capture.lines, steps=runtime.steps,
+    )
+    return outcome
+
+
+def _judge_stopped(*, error: Exception | None, steps: int, **_: object) -> tuple[bool, str]:
+    if isinstance(error, CanaryHealthError):
+        return True, (
+            f"health check fired at step {steps} (wrapper removed after step {_STOP_AT_STEP})"
+        )
+    return False, f"no health-check failure after the wrapper was removed (error: {error!r})"
+
+
+def _judge_run(
+    *,
+    scenario: Scenario,
+    rows: list[ViolationRow],
+    faults: list[re.Match[str]],
+    error: Exception | None,
+    lines: list[str],
+    steps: int,
+) -> tuple[bool, str]:
+    raising = scenario.config.mode is CanaryMode.RAISE
+    if error is not None and not (raising and isinstance(error, CanaryViolationError)):
+        return False, f"unexpected error: {error}"
+    if not scenario.must_detect:
+        return _judge_silent(scenario=scenario, rows=rows, faults=faults, lines=lines)
+    if not faults:
+        return False, "no fault was injected"
+    if raising:
+        if error is None:
+            return False, "raise mode did not raise"
+        first = int(faults[0]["step"])
+        if steps != first + 1:
+            return False, f"raised at step {steps}, expected {first + 1} (one step after the fault)"
+        rows = list(error.rows)
+        faults = [f for f in faults if int(f["step"]) == first]
+    stray = [
+        row for row in rows
+        if row.reasons & ~scenario.allowed_reasons or row.check not in _VERIFY_CHECKS
+    ]
+    if stray:
+        return False, f"unexpected violation: {stray[0].to_line()}"
+    missed = [
+        fault for fault in faults
+        if not any(
+            row.step == int(fault["step"])
+            and row.position == int(fault["position"])
+            and row.reasons & scenario.must_detect
+            for row in rows
+        )
+    ]
+    if missed:
+        return False, f"missed {len(missed)}/{len(faults)} faults, first: {missed[0].group(0)}"
+    reasons = format_reasons(_union(rows))
+    checks = ",".join(sorted({row.check.name.lower() for row in rows}))
+    how = "raised" if raising else "logged"
+    return True, f"caught {len(faults)}/{len(faults)} ({how}) by {reasons} at {checks}"
+
+
+def _judge_silent(
+    *,
+    scenario: Scenario,
+    rows: list[ViolationRow],
+    faults: list[re.Match[str]],
+    lines: list[str],
+) -> tuple[bool, str]:
+    if rows:
+        return False, f"{len(rows)} violation(s) in a silent run, first: {rows[0].to_line()}"
+    if scenario.expect_silent_faults and not faults:
+        return False, "no fault was injected"
+    health = sum(line.startswith(HEALTH_OK_PREFIX) for line in lines)
+    stats = [m for m in map(STATS_LINE_RE.search, lines) if m is not None]
+    if not health or not stats or int(stats[-1]["protected"]) == 0:
+        return False, f"health checks passed: {health}, stats lines: {len(stats)}, or 0 protected"
+    silent = f"{len(faults)} faults, " if scenario.expect_silent_faults else ""
+    return True, (
+        f"{silent}0 violations; health ok x{health}; protected {stats[-1]['protected']} "
+        f"tokens, {stats[-1]['written']} slots written"
+    )
+
+
+def _union(rows: list[ViolationRow]) -> int:
+    bits = 0
+    for row in rows:
+        bits |= row.reasons
+    return bits
+

@@ -1,0 +1,130 @@
+"""Non-blocking device-to-host snapshots of the canary counters.
+
+After every forward the host enqueues a copy of the device counters into pinned memory on the
+forward's stream and records an event behind it. Later steps look at the oldest pending copies
+with ``event.query()`` and consume the completed ones: the host learns what the kernels counted
+(violations, kernel runs, entries) about one step late and never waits for the device.
+
+The counters are cumulative, so skipping a copy loses nothing: when every slot of the pipe is
+still in flight the new copy is simply not enqueued and a later one covers it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from sglang.jit_kernel.kv_canary.consts import (
+    COUNTER_ENTRIES,
+    COUNTER_KERNEL_RUNS,
+    COUNTER_VIOLATIONS,
+    NUM_COUNTERS,
+    CheckKind,
+)
+
+PIPE_DEPTH = 4  # copies in flight at most; the scheduler never runs this far ahead of the device
+
+
+class CompletionEvent(Protocol):
+    """The two calls the pipe needs from a device event."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+
+class HostEvent:
+    """Event of a CPU "device": copies there complete before ``copy_`` returns."""
+
+    def record(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+def event_factory_for(device: torch.device) -> Callable[[], CompletionEvent]:
+    """CUDA events (recorded on the current stream) on a GPU, :class:`HostEvent` on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.Event
+    return HostEvent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CounterSnapshot:
+    """The device counters as of one forward, with the host's step counts at that point."""
+
+    steps: int  # ModelRunner.forward calls completed when the copy was enqueued
+    live_forwards: int  # of those, the forwards that ran the canary launches
+    counters: tuple[int, ...]  # consts.py counter layout
+
+    @property
+    def violations(self) -> int:
+        return self.counters[COUNTER_VIOLATIONS]
+
+    def kernel_runs(self, kind: CheckKind) -> int:
+        return self.counters[COUNTER_KERNEL_RUNS + kind]
+
+    def entries(self, kind: CheckKind) -> int:
+        return self.counters[COUNTER_ENTRIES + kind]
+
+
+ZERO_SNAPSHOT = CounterSnapshot(steps=0, live_forwards=0, counters=(0,) * NUM_COUNTERS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PendingCopy:
+    host: torch.Tensor
+    event: CompletionEvent
+    steps: int
+    live_forwards: int
+
+
+class CounterSnapshotPipe:
+    """Up to :data:`PIPE_DEPTH` counter copies in flight; consumed in order, never waited for."""
+
+    def __init__(
+        self,
+        *,
+        counters: torch.Tensor,
+        new_event: Callable[[], CompletionEvent],
+        depth: int = PIPE_DEPTH,
+    ) -> None:
+        self._counters = counters
+        pinned = counters.device.type == "cuda"
+        self._free: list[tuple[torch.Tensor, CompletionEvent]] = [
+            (torch.empty(counters.shape, dtype=counters.dtype, pin_memory=pinned), new_event())
+            for _ in range(depth)
+        ]
+        self._pending: deque[_PendingCopy] = deque()
+
+    def enqueue(self, *, steps: int, live_forwards: int) -> bool:
+        """Copy the counters on the current stream; False when every slot is still in flight."""
+        if not self._free:
+            return False
+        host, event = self._free.pop()
+        host.copy_(self._counters, non_blocking=True)
+        event.record()
+        self._pending.append(
+            _PendingCopy(host=host, event=event, steps=steps, live_forwards=live_forwards)
+        )
+        return True
+
+    def drain(self) -> list[CounterSnapshot]:
+        """The completed copies, oldest first (never blocks)."""
+        done = []
+        while self._pending and self._pending[0].event.query():
+            copy = self._pending.popleft()
+            done.append(
+                CounterSnapshot(
+                    steps=copy.steps,
+                    live_forwards=copy.live_forwards,
+                    counters=tuple(copy.host.tolist()),
+                )
+            )
+            self._free.append((copy.host, copy.event))
+        return done

@@ -1,0 +1,36 @@
+"""The periodic stats line, from the counter snapshots the monitor already consumed.
+
+Format (stable, :data:`STATS_LINE_RE` parses it)::
+
+    KV canary stats: protected N tokens (slots verified), W slots written, K violations, S steps
+
+N counts slot verifications (pre-forward plus post-forward; a prefix slot is verified on every
+forward of every request that references it), W the records written, K the violation rows ever
+produced (including rows a full ring dropped), S the forward steps the snapshot covers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sglang.jit_kernel.kv_canary.consts import CheckKind
+from sglang.srt.kv_canary.snapshots import CounterSnapshot
+
+STATS_LINE_RE = re.compile(
+    r"KV canary stats: protected (?P<protected>\d+) tokens \(slots verified\), "
+    r"(?P<written>\d+) slots written, (?P<violations>\d+) violations, (?P<steps>\d+) steps"
+)
+
+
+def stats_line(snapshot: CounterSnapshot) -> str:
+    protected = snapshot.entries(CheckKind.PRE_VERIFY) + snapshot.entries(CheckKind.POST_VERIFY)
+    return (
+        f"KV canary stats: protected {protected} tokens (slots verified), "
+        f"{snapshot.entries(CheckKind.WRITE)} slots written, {snapshot.violations} violations, "
+        f"{snapshot.steps} steps"
+    )
+
+
+def stats_due(*, steps: int, every_n_steps: int) -> bool:
+    """True when the line is due after ``steps`` forwards (``every_n_steps`` 0 turns it off)."""
+    return every_n_steps > 0 and steps % every_n_steps == 0

@@ -1,0 +1,82 @@
+"""Token oracles: the token a request "generates" at a position, from its id and the position.
+
+:class:`HashOracle` is SPEC §4's oracle: ``token = mix64(gen_req_id XOR position) mod vocab_size``
+with unsigned 64-bit semantics (SplitMix64 finalizer, logical shifts, wrap-around multiplies,
+unsigned modulo) computed on int64 tensors. :func:`hash_oracle_token_scalar` is its pure-Python
+reference; the two agree bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from sglang.jit_kernel.kv_canary.hashing import mix64_scalar, mix64_torch, unsigned_mod_torch
+
+MAX_VOCAB_SIZE = (1 << 31) - 1  # tokens are returned as int32
+
+
+class TokenOracle(Protocol):
+    """Maps (generalized request id, position) to the token at that position."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def expected_tokens(
+        self, *, generalized_req_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """int32 tokens in ``[0, vocab_size)``, elementwise over two int64 tensors of one shape."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HashOracle:
+    """``token = mix64(u64(gen_req_id) ^ u64(position)) mod vocab_size``.
+
+    Attributes:
+        vocab_size: the served model's vocabulary size, in ``[1, 2**31 - 1]``.
+    """
+
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or not (
+            1 <= self.vocab_size <= MAX_VOCAB_SIZE
+        ):
+            raise ValueError(
+                f"vocab_size={self.vocab_size!r} is invalid; allowed: an integer in "
+                f"[1, {MAX_VOCAB_SIZE}]"
+            )
+
+    def expected_tokens(
+        self, *, generalized_req_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The oracle's tokens.
+
+        Args:
+            generalized_req_ids: int64, any shape and device.
+            positions: int64, the same shape and device.
+        Returns:
+            int32 of that shape, each in ``[0, vocab_size)``. Elementwise torch ops only: no host
+            sync, fixed shapes, CUDA-graph capturable.
+        Raises:
+            TypeError / ValueError: a dtype is not int64, or the shapes differ.
+        """
+        for name, tensor in (("generalized_req_ids", generalized_req_ids),
+                             ("positions", positions)):
+            if tensor.dtype != torch.int64:
+                raise TypeError(f"{name} must be int64, got {tensor.dtype}")
+        if generalized_req_ids.shape != positions.shape:
+            raise ValueError(
+                f"generalized_req_ids {tuple(generalized_req_ids.shape)} and positions "
+                f"{tuple(positions.shape)} differ in shape"
+            )
+        mixed = mix64_torch(generalized_req_ids ^ positions)
+        return unsigned_mod_torch(mixed, self.vocab_size).to(torch.int32)
+
+
+def hash_oracle_token_scalar(*, generalized_req_id: int, position: int, vocab_size: int) -> int:
+    """Pure-Python reference of :meth:`HashOracle.expected_tokens` for one element."""
+    return mix64_scalar(generalized_req_id ^ position) % vocab_size

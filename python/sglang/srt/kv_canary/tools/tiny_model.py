@@ -1,0 +1,274 @@
+"""A tiny, weightless model directory that SGLang serves offline with ``--load-format dummy``.
+
+The directory holds ``config.json``, ``generation_config.json``, ``tokenizer.json``,
+``tokenizer_config.json`` and ``special_tokens_map.json``; no weights. The tokenizer is a
+byte-level BPE whose vocabulary is built, not trained: the special tokens, the 256 byte symbols,
+then merges that spell out a fixed list of words and seeded pseudo-words until the vocabulary
+has exactly ``vocab_size`` entries. Everything is deterministic (same arguments, same bytes)
+and takes well under a second.
+
+:func:`make_tiny_eagle_draft` writes an EAGLE draft (``LlamaForCausalLMEagle``, one decoder
+layer) whose hidden size, vocabulary and context length match a target directory, for
+``--speculative-algorithm EAGLE --speculative-draft-model-path``.
+
+CLI: ``python -m sglang.srt.kv_canary.tools.tiny_model DIR [--draft DRAFT_DIR] [--architecture
+llama|qwen3] [--num-layers N] ...``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import shutil
+from collections.abc import Iterator, Sequence
+
+TARGET_ARCHITECTURES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+EAGLE_DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle"
+
+BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
+SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, "<|im_start|>", "<|im_end|>")
+FIRST_ORDINARY_TOKEN_ID = len(SPECIAL_TOKENS)  # ids below this are special tokens
+_BYTE_SYMBOLS = 256
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + _BYTE_SYMBOLS + 1
+MAX_VOCAB_SIZE = 262_144
+
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+)
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_WORDS = (
+    "the of and to in is that for it as was with be by on not this are or from at which but "
+    "have an they you were there been one all we their has would when if so no will cache key "
+    "value page token layer head block model server request batch decode prefill attention "
+    "memory corruption detector checksum tensor kernel triton sglang llama canary radix slot "
+    "chain position prefix sweep oracle graph replay draft verify"
+).split()
+_SYLLABLES = tuple(c + v for c in "bdfghklmnprstvwz" for v in "aeiou")
+_WORD_SEED = 20240521
+_PSEUDO_WORDS = 100_000
+
+
+def _word_stream() -> Iterator[str]:
+    """The words whose spellings become merges, in merge order (deterministic); the stream
+    spells out more than :data:`MAX_VOCAB_SIZE` merges."""
+    yield from _WORDS
+    yield from (str(number) for number in range(100))
+    rng = random.Random(_WORD_SEED)
+    for _ in range(_PSEUDO_WORDS):
+        yield "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4)))
+
+
+def _bpe_vocab_and_merges(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE vocabulary of exactly ``vocab_size`` entries and its merges."""
+    from tokenizers import pre_tokenizers
+
+    vocab: dict[str, int] = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    merges: list[tuple[str, str]] = []
+    for word in _word_stream():
+        for spelling in ("\u0120" + word, word):  # "Ġ" is the byte-level symbol of a space
+            piece = spelling[0]
+            for symbol in spelling[1:]:
+                if len(vocab) == vocab_size:
+                    return vocab, merges
+                merged = piece + symbol
+                if merged not in vocab:
+                    merges.append((piece, symbol))
+                    vocab[merged] = len(vocab)
+                piece = merged
+    raise RuntimeError(f"the word stream cannot fill a vocabulary of {vocab_size}")
+
+
+def _write_tokenizer(*, directory: pathlib.Path, vocab_size: int, max_length: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab, merges = _bpe_vocab_and_merges(vocab_size)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A $B",
+        special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])],
+    )
+    if tokenizer.get_vocab_size() != vocab_size:
+        raise RuntimeError(f"the tokenizer has {tokenizer.get_vocab_size()} entries, "
+                           f"not {vocab_size}")
+    tokenizer.save(str(directory / "tokenizer.json"))
+    _write_json(directory / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN,
+        "add_bos_token": True, "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False, "chat_template": _CHAT_TEMPLATE,
+    })
+    _write_json(directory / "special_tokens_map.json",
+                {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN})
+
+
+def _write_json(path: pathlib.Path, content: dict[str, object]) -> None:
+    path.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _require_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+
+
+def _special_ids() -> dict[str, int]:
+    return {
+        "bos_token_id": SPECIAL_TOKENS.index(BOS_TOKEN),
+        "eos_token_id": SPECIAL_TOKENS.index(EOS_TOKEN),
+        "pad_token_id": SPECIAL_TOKENS.index(PAD_TOKEN),
+    }
+
+
+def make_tiny_model(
+    *,
+    directory: pathlib.Path | str,
+    architecture: str = "llama",
+    num_layers: int = 4,
+    hidden_size: int = 256,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    vocab_size: int = 4096,
+    max_position_embeddings: int = 4096,
+) -> pathlib.Path:
+    """Write a tiny target model directory (created if missing; our files overwritten).
+
+    Args:
+        architecture: ``"llama"`` (LlamaForCausalLM) or ``"qwen3"`` (Qwen3ForCausalLM).
+        hidden_size: a multiple of ``num_attention_heads``; head_dim = hidden / heads, the MLP
+            is 3x hidden.
+        num_key_value_heads: divides ``num_attention_heads`` (GQA).
+        vocab_size: the exact size of both the tokenizer and the model vocabulary, in
+            [:data:`MIN_VOCAB_SIZE`, :data:`MAX_VOCAB_SIZE`]. Ids below :data:`FIRST_ORDINARY_TOKEN_ID` are special tokens.
+
+    Returns:
+        The directory, resolved.
+
+    Raises:
+        ValueError: an argument is out of range (the message names it and what is allowed).
+    """
+    if architecture not in TARGET_ARCHITECTURES:
+        raise ValueError(f"architecture={architecture!r} is invalid; allowed: "
+                         + ", ".join(TARGET_ARCHITECTURES))
+    _require_positive(num_layers=num_layers, hidden_size=hidden_size,
+                      num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads,
+                      max_position_embeddings=max_position_embeddings)
+    if hidden_size % num_attention_heads:
+        raise ValueError(f"hidden_size={hidden_size} is invalid; allowed: a multiple of "
+                         f"num_attention_heads={num_attention_heads}")
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(f"num_key_value_heads={num_key_value_heads} is invalid; allowed: a "
+                         f"divisor of num_attention_heads={num_attention_heads}")
+    if not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size={vocab_size!r} is invalid; allowed: an integer in "
+                         f"[{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
+
+    root = pathlib.Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(directory=root, vocab_size=vocab_size, max_length=max_position_embeddings)
+    config: dict[str, object] = {
+        "architectures": [TARGET_ARCHITECTURES[architecture]],
+        "model_type": architecture,
+        "hidden_size": hidden_size,
+        "intermediate_size": 3 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": hidden_size // num_attention_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+        "initializer_range": 0.02,
+        **_special_ids(),
+    }
+    if architecture == "qwen3":
+        config.update({"use_sliding_window": False, "sliding_window": None,
+                       "max_window_layers": num_layers})
+    _write_json(root / "config.json", config)
+    _write_json(root / "generation_config.json", {**_special_ids(), "do_sample": False})
+    return root
+
+
+def make_tiny_eagle_draft(
+    *, directory: pathlib.Path | str, target_dir: pathlib.Path | str
+) -> pathlib.Path:
+    """Write an EAGLE draft model directory for the tiny target model in ``target_dir``.
+
+    The draft is ``LlamaForCausalLMEagle`` with one decoder layer and the target's hidden size,
+    head layout, vocabulary and context length (SGLang shares the target's embedding and LM head
+    with it). Serve with ``--speculative-algorithm EAGLE --speculative-draft-model-path
+    <directory>`` and ``--load-format dummy`` (the draft loads with the same format).
+
+    Raises:
+        FileNotFoundError: ``target_dir`` has no ``config.json``.
+    """
+    source = pathlib.Path(target_dir).resolve()
+    target = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    root = pathlib.Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(source / name, root / name)
+    kept = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+            "vocab_size", "torch_dtype", "initializer_range", "bos_token_id", "eos_token_id",
+            "pad_token_id")
+    config = {key: target[key] for key in kept}
+    config.update({"architectures": [EAGLE_DRAFT_ARCHITECTURE], "model_type": "llama",
+                   "num_hidden_layers": 1, "tie_word_embeddings": False,
+                   "attention_bias": False})
+    _write_json(root / "config.json", config)
+    shutil.copyfile(source / "generation_config.json", root / "generation_config.json")
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang.srt.kv_canary.tools.tiny_model",
+        description="Write a tiny weightless model directory (serve with --load-format dummy).",
+    )
+    parser.add_argument("directory", type=pathlib.Path, help="the target model directory")
+    parser.add_argument("--draft", type=pathlib.Path, metavar="DRAFT_DIR",
+                        help="also write an EAGLE draft model for it here")
+    parser.add_argument("--architecture", choices=sorted(TARGET_ARCHITECTURES), default="llama")
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--num-attention-heads", type=int, default=4)
+    parser.add_argument("--num-key-value-heads", type=int, default=2)
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--max-position-embeddings", type=int, default=4096)
+    options = parser.parse_args(argv)
+    try:
+        target = make_tiny_model(
+            directory=options.directory, architecture=options.architecture,
+            num_layers=options.num_layers, hidden_size=options.hidden_size,
+            num_attention_heads=options.num_attention_heads,
+            num_key_value_heads=options.num_key_value_heads, vocab_size=options.vocab_size,
+            max_position_embeddings=options.max_position_embeddings,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"tiny {options.architecture} model: {target}")
+    if options.draft is not None:
+        draft = make_tiny_eagle_draft(directory=options.draft, target_dir=target)
+        print(f"EAGLE draft model: {draft}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

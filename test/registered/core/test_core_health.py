@@ -1,0 +1,75 @@
+"""The health check: passes while every per-forward kernel runs at least once per live forward,
+fails loudly (any mode) when one stops or when the counter snapshots stop arriving."""
+
+import sys
+
+import pytest
+
+from sglang.jit_kernel.kv_canary.consts import COUNTER_KERNEL_RUNS, NUM_COUNTERS, CheckKind
+from sglang.srt.kv_canary.health import (
+    HEALTH_OK_PREFIX,
+    MAX_SNAPSHOT_LAG_STEPS,
+    CanaryHealthError,
+    HealthChecker,
+)
+from sglang.srt.kv_canary.snapshots import CounterSnapshot
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=3, suite="kv-canary-cpu")
+
+
+def _snapshot(*, steps: int, live: int, pre: int, post: int, write: int) -> CounterSnapshot:
+    counters = [0] * NUM_COUNTERS
+    counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = pre
+    counters[COUNTER_KERNEL_RUNS + CheckKind.POST_VERIFY] = post
+    counters[COUNTER_KERNEL_RUNS + CheckKind.WRITE] = write
+    return CounterSnapshot(steps=steps, live_forwards=live, counters=tuple(counters))
+
+
+def test_checks_only_at_the_interval_and_passes_when_kernels_run() -> None:
+    checker = HealthChecker(every_n_steps=10)
+    assert checker.check(steps=5, latest=_snapshot(steps=4, live=4, pre=0, post=0, write=0)) is None
+    line = checker.check(steps=10, latest=_snapshot(steps=9, live=8, pre=8, post=8, write=8))
+    assert line is not None and line.startswith(HEALTH_OK_PREFIX)
+    assert "8 live forwards" in line and "pre_verify +8" in line
+
+
+def test_extra_runs_are_fine() -> None:
+    # graph capture / DP-attention idle replays also run the kernels
+    checker = HealthChecker(every_n_steps=4)
+    assert checker.check(steps=4, latest=_snapshot(steps=3, live=2, pre=9, post=9, write=9))
+
+
+@pytest.mark.parametrize("stopped", ["pre", "post", "write"])
+def test_a_stopped_kernel_fails_in_the_next_window(stopped: str) -> None:
+    checker = HealthChecker(every_n_steps=10)
+    checker.check(steps=10, latest=_snapshot(steps=9, live=9, pre=9, post=9, write=9))
+    runs = {"pre": 19, "post": 19, "write": 19}
+    runs[stopped] = 12  # stopped running after 3 of the next 10 live forwards
+    with pytest.raises(CanaryHealthError, match="canary path is not executing") as raised:
+        checker.check(steps=20, latest=_snapshot(steps=19, live=19, **runs))
+    name = {"pre": "pre_verify", "post": "post_verify", "write": "write"}[stopped]
+    assert f"({name} did not)" in str(raised.value)
+
+
+def test_no_live_forward_needs_no_run() -> None:
+    checker = HealthChecker(every_n_steps=3)
+    assert checker.check(steps=3, latest=_snapshot(steps=2, live=0, pre=0, post=0, write=0))
+
+
+def test_snapshots_that_stop_arriving_fail() -> None:
+    checker = HealthChecker(every_n_steps=1)
+    assert checker.check(steps=MAX_SNAPSHOT_LAG_STEPS,
+                         latest=_snapshot(steps=0, live=0, pre=0, post=0, write=0))
+    with pytest.raises(CanaryHealthError, match="counter copies stopped completing"):
+        checker.check(steps=MAX_SNAPSHOT_LAG_STEPS + 1,
+                      latest=_snapshot(steps=0, live=0, pre=0, post=0, write=0))
+
+
+def test_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="every_n_steps must be >= 1"):
+        HealthChecker(every_n_steps=0)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,183 @@
+"""The host side of violation reporting: counter snapshots are read only once their copy
+completed (never waited for), violations surface one step late, each ring row is reported once,
+ring overflow is reported with the number of dropped rows, raise mode raises with the lines."""
+
+import logging
+import sys
+
+import pytest
+import torch
+
+from sglang.jit_kernel.kv_canary.consts import (
+    COUNTER_KERNEL_RUNS,
+    COUNTER_VIOLATIONS,
+    NUM_COUNTERS,
+    RING_ROW_FIELDS,
+    ROW_CHECK,
+    ROW_POSITION,
+    ROW_REASONS,
+    ROW_STEP,
+    CheckKind,
+    Reason,
+)
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
+from sglang.srt.kv_canary.monitor import CanaryMonitor
+from sglang.srt.kv_canary.snapshots import CounterSnapshotPipe, HostEvent
+from sglang.srt.kv_canary.violation_reporter import RING_OVERFLOW_PREFIX, ViolationReporter
+from sglang.srt.kv_canary.violations import CanaryViolationError, find_violation_rows
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="kv-canary-cpu")
+
+
+class _ManualEvent:
+    """An event the test completes by hand (the pipe can only query it, never wait on it)."""
+
+    def __init__(self, record_order: list | None = None) -> None:
+        self.done = False
+        self._record_order = record_order if record_order is not None else []
+
+    def record(self) -> None:
+        self._record_order.append(self)
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+class _State:
+    """The two tensors the monitor reads (ring, counters), on the CPU."""
+
+    def __init__(self, *, ring_capacity: int = 8) -> None:
+        self.ring = torch.zeros((ring_capacity, RING_ROW_FIELDS), dtype=torch.int64)
+        self.counters = torch.zeros((NUM_COUNTERS,), dtype=torch.int64)
+
+    def add_violation(self, *, position: int, step: int) -> None:
+        """What a kernel does: place a row at the counter, bump the counter."""
+        index = int(self.counters[COUNTER_VIOLATIONS])
+        if index < self.ring.shape[0]:
+            self.ring[index, ROW_CHECK] = int(CheckKind.PRE_VERIFY)
+            self.ring[index, ROW_REASONS] = int(Reason.VERIFY_POSITION)
+            self.ring[index, ROW_POSITION] = position
+            self.ring[index, ROW_STEP] = step
+        self.counters[COUNTER_VIOLATIONS] += 1
+
+
+def test_pipe_reads_a_copy_only_after_its_event_completed() -> None:
+    counters = torch.arange(NUM_COUNTERS, dtype=torch.int64)
+    recorded: list[_ManualEvent] = []
+    pipe = CounterSnapshotPipe(
+        counters=counters, new_event=lambda: _ManualEvent(recorded), depth=2
+    )
+    for steps in (1, 2):
+        assert pipe.enqueue(steps=steps, live_forwards=steps)
+        counters += 100  # later device work must not leak into a copy already taken
+    assert not pipe.enqueue(steps=3, live_forwards=3)  # both slots in flight: skipped
+    assert pipe.drain() == []
+    recorded[1].done = True  # the newer copy alone is not consumed out of order
+    assert pipe.drain() == []
+    recorded[0].done = True
+    first, second = pipe.drain()
+    assert (first.steps, first.counters) == (1, tuple(range(NUM_COUNTERS)))
+    assert (second.steps, second.counters) == (2, tuple(range(100, 100 + NUM_COUNTERS)))
+    assert pipe.enqueue(steps=4, live_forwards=4)  # slots are free again
+
+
+def _monitor(state: _State, *, mode: CanaryMode = CanaryMode.LOG, new_event=HostEvent,
+             **config: int) -> CanaryMonitor:
+    return CanaryMonitor(
+        state=state, config=CanaryConfig(mode=mode, **config), new_event=new_event
+    )
+
+
+def test_violation_surfaces_at_the_next_poll_and_only_once(caplog) -> None:
+    state = _State()
+    monitor = _monitor(state)
+    caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
+    monitor.poll()
+    state.add_violation(position=5, step=0)  # forward 0 finds a violation
+    monitor.after_forward(steps=1, live_forwards=1)
+    assert not find_violation_rows(caplog.text)  # not during the step that produced it
+    monitor.poll()  # start of the next step
+    rows = find_violation_rows(caplog.text)
+    assert [(r.position, r.step) for r in rows] == [(5, 0)]
+    assert all(rec.levelno == logging.WARNING for rec in caplog.records
+               if "kv_canary violation" in rec.getMessage())
+    monitor.after_forward(steps=2, live_forwards=2)
+    monitor.poll()
+    assert len(find_violation_rows(caplog.text)) == 1
+
+
+def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
+    state = _State()
+    events: list[_ManualEvent] = []
+
+    def new_event() -> _ManualEvent:
+        events.append(_ManualEvent())
+        return events[-1]
+
+    monitor = _monitor(state, new_event=new_event)
+    state.add_violation(position=3, step=0)
+    monitor.after_forward(steps=1, live_forwards=1)
+    monitor.poll()  # the device has not finished the copy: nothing yet, and no blocking
+    assert not find_violation_rows(caplog.text)
+    for event in events:
+        event.done = True
+    monitor.poll()
+    assert len(find_violation_rows(caplog.text)) == 1
+
+
+def test_ring_overflow_reports_kept_rows_and_the_dropped_count(caplog) -> None:
+    state = _State(ring_capacity=2)
+    reporter = ViolationReporter(ring=state.ring, mode=CanaryMode.LOG)
+    for position in range(5):
+        state.add_violation(position=position, step=0)
+    reporter.report(violation_count=5)
+    assert [r.position for r in find_violation_rows(caplog.text)] == [0, 1]
+    overflow = [m for m in caplog.messages if m.startswith(RING_OVERFLOW_PREFIX)]
+    assert overflow == [
+        f"{RING_OVERFLOW_PREFIX} 3 more violation row(s) were dropped (3 dropped in total; the "
+        "ring keeps the first 2 rows, set SGLANG_KV_CANARY_RING_CAPACITY to keep more)"
+    ]
+    state.add_violation(position=9, step=1)
+    reporter.report(violation_count=6)
+    assert f"{RING_OVERFLOW_PREFIX} 1 more violation row(s) were dropped (4 dropped" in caplog.text
+    reporter.report(violation_count=6)  # nothing new: nothing more reported
+    assert len(find_violation_rows(caplog.text)) == 2
+    assert sum(m.startswith(RING_OVERFLOW_PREFIX) for m in caplog.messages) == 2
+
+
+def test_raise_mode_raises_with_the_same_lines(caplog) -> None:
+    state = _State()
+    monitor = _monitor(state, mode=CanaryMode.RAISE)
+    state.add_violation(position=7, step=0)
+    state.add_violation(position=8, step=0)
+    monitor.after_forward(steps=1, live_forwards=1)
+    with pytest.raises(CanaryViolationError) as raised:
+        monitor.poll()
+    assert [r.position for r in raised.value.rows] == [7, 8]
+    assert find_violation_rows(str(raised.value)) == list(raised.value.rows)
+    assert find_violation_rows(caplog.text) == list(raised.value.rows)  # logged too
+
+
+def test_stats_line_every_n_steps_from_the_snapshot(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
+    state = _State()
+    monitor = _monitor(state, stats_print_every_n_steps=2, health_check_every_n_steps=1000)
+    for step in range(1, 5):
+        monitor.poll()
+        state.counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] += 1
+        monitor.after_forward(steps=step, live_forwards=step)
+    stats = [m for m in caplog.messages if m.startswith("KV canary stats:")]
+    assert len(stats) == 2
+    assert stats[-1].endswith("0 violations, 3 steps")  # the newest consumed snapshot: step 3
+
+
+def test_reporter_rejects_mode_none() -> None:
+    with pytest.raises(ValueError, match="log or raise"):
+        ViolationReporter(ring=torch.zeros((1, RING_ROW_FIELDS), dtype=torch.int64),
+                          mode=CanaryMode.NONE)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,134 @@
+"""Start-up refusals name what to change: unsupported flags, pool classes and real-data layouts
+stop the server instead of serving unchecked."""
+
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from sglang.srt.kv_canary import core_hooks
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
+from sglang.srt.kv_canary.device_state import allocate_device_state
+from sglang.srt.kv_canary.refusals import (
+    CanaryUnsupportedError,
+    unsupported_pools,
+    unsupported_server_args,
+)
+from sglang.srt.mem_cache.memory_pool import (
+    MHATokenToKVPool,
+    MHATokenToKVPoolFP4,
+    MLATokenToKVPool,
+    ReqToTokenPool,
+)
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="kv-canary-cpu")
+
+
+@dataclass
+class _ServerArgs:
+    """The ServerArgs fields the refusals read, at values the canary supports."""
+
+    device: str = "cuda"
+    speculative_algorithm: str | None = None
+    disable_piecewise_cuda_graph: bool = True
+    enable_torch_compile: bool = False
+    pp_size: int = 1
+    disaggregation_mode: str = "null"
+    enable_hierarchical_cache: bool = False
+    enable_lmcache: bool = False
+    enable_pdmux: bool = False
+    dllm_algorithm: str | None = None
+
+
+def test_supported_flags_pass() -> None:
+    assert unsupported_server_args(_ServerArgs()) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"disable_piecewise_cuda_graph": False}, "pass --disable-piecewise-cuda-graph"),
+        ({"speculative_algorithm": "EAGLE"}, "remove --speculative-algorithm"),
+        ({"pp_size": 2}, "use --pp-size 1"),
+        ({"enable_torch_compile": True}, "--enable-torch-compile"),
+        ({"disaggregation_mode": "decode"}, "remove --disaggregation-mode"),
+        ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
+        ({"enable_lmcache": True}, "--enable-lmcache"),
+        ({"enable_pdmux": True}, "--enable-pdmux"),
+        ({"dllm_algorithm": "LowConfidence"}, "remove --dllm-algorithm"),
+        ({"device": "cpu"}, "python -m sglang.srt.kv_canary.selfcheck"),
+    ],
+)
+def test_each_unsupported_flag_is_named(change: dict, named: str) -> None:
+    reasons = unsupported_server_args(_ServerArgs(**change))
+    assert len(reasons) == 1 and named in reasons[0], reasons
+
+
+def test_the_start_up_hook_raises_every_reason_at_once() -> None:
+    class Runner:
+        server_args = _ServerArgs(disable_piecewise_cuda_graph=False, pp_size=2)
+
+    with pytest.raises(CanaryUnsupportedError) as raised:
+        core_hooks.refuse_unsupported_server_args(Runner(), 0)
+    message = str(raised.value)
+    assert "--disable-piecewise-cuda-graph" in message and "--pp-size 1" in message
+    assert "unset SGLANG_KV_CANARY_MODE" in message
+    assert len(raised.value.reasons) == 2
+
+
+def _req_pool() -> ReqToTokenPool:
+    return ReqToTokenPool(size=4, max_context_len=16, device="cpu", enable_memory_saver=False)
+
+
+def _mha_pool(*, head_dim: int = 8) -> MHATokenToKVPool:
+    return MHATokenToKVPool(16, page_size=1, dtype=torch.bfloat16, head_num=1,
+                            head_dim=head_dim, layer_num=1, device="cpu",
+                            enable_memory_saver=False, enable_alt_stream=False)
+
+
+def test_plain_mha_pools_are_supported() -> None:
+    assert unsupported_pools(req_to_token_pool=_req_pool(), token_to_kv_pool=_mha_pool()) == []
+
+
+@pytest.mark.parametrize(
+    ("pool_class", "advice"),
+    [
+        (MLATokenToKVPool, "MLA models"),
+        (SWAKVPool, "hybrid sliding-window"),
+        (MHATokenToKVPoolFP4, "--kv-cache-dtype other than fp4_e2m1"),
+    ],
+)
+def test_other_pool_classes_are_refused_with_advice(pool_class: type, advice: str) -> None:
+    pool = object.__new__(pool_class)  # the check looks at the class only
+    (reason,) = unsupported_pools(req_to_token_pool=_req_pool(), token_to_kv_pool=pool)
+    assert pool_class.__name__ in reason and "MHATokenToKVPool only" in reason and advice in reason
+
+
+def test_other_request_pools_are_refused() -> None:
+    class MambaLikeReqPool(ReqToTokenPool):
+        pass
+
+    pool = object.__new__(MambaLikeReqPool)
+    (reason,) = unsupported_pools(req_to_token_pool=pool, token_to_kv_pool=_mha_pool())
+    assert "MambaLikeReqPool" in reason and "ReqToTokenPool only" in reason
+
+
+def test_real_data_needs_whole_words_per_row() -> None:
+    config = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.ALL)
+    with pytest.raises(CanaryUnsupportedError, match="SGLANG_KV_CANARY_REAL_DATA=all needs"):
+        allocate_device_state(config=config, req_to_token_pool=_req_pool(),
+                              kv_pool=_mha_pool(head_dim=3))  # 6-byte rows
+    partial = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL)
+    with pytest.raises(CanaryUnsupportedError, match="set SGLANG_KV_CANARY_REAL_DATA=all"):
+        allocate_device_state(config=partial, req_to_token_pool=_req_pool(),
+                              kv_pool=_mha_pool(head_dim=4))  # 8-byte rows < 16
+    state = allocate_device_state(config=config, req_to_token_pool=_req_pool(),
+                                  kv_pool=_mha_pool(head_dim=4))
+    assert state.real_kv_num_words == 1
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,378 @@
+"""The canary runtime on CPU against SGLang's own objects: ``ForwardBatch`` -> batch view for
+each mode, installation beside a real ``MHATokenToKVPool`` (records per slot, real-data view of
+the live K bytes, ``model.forward`` wrapped with its signature kept), the per-step host path
+(live vs idle forwards, refused modes, re-entrancy, faults undone), and every core hook function
+(padded graph rows, graph (re)capture, memory budget)."""
+
+import inspect
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from sglang.jit_kernel.kv_canary.batch_view import BatchLayout
+from sglang.jit_kernel.kv_canary.consts import (
+    COUNTER_KERNEL_RUNS,
+    COUNTER_STEP,
+    COUNTER_VIOLATIONS,
+    RECORD_BYTES,
+    RECORD_FIELDS,
+    CheckKind,
+)
+from sglang.srt.kv_canary import core_hooks
+from sglang.srt.kv_canary.batch_view_builder import UnsupportedForwardModeError, build_batch_view
+from sglang.srt.kv_canary.config import (
+    CanaryConfig,
+    CanaryMode,
+    PerturbConfig,
+    RealDataMode,
+    set_active_config_for_testing,
+)
+from sglang.srt.kv_canary.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.memory_budget import fixed_bytes
+from sglang.srt.kv_canary.model_forward import CanaryModelForward
+from sglang.srt.kv_canary.runtime import install_canary, runtime_of
+from sglang.srt.kv_canary.selfcheck.simulation import (
+    SimulatedModelRunner,
+    SimulatedRequest,
+    SimulatedServer,
+)
+from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=40, suite="kv-canary-cpu")
+
+_KERNELS = load_kernels(KernelBackend.TORCH_REFERENCE)
+_LOG = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL)
+
+
+def _decode_batch(*, req_pool_indices: list[int], seq_lens: list[int]) -> ForwardBatch:
+    n = len(seq_lens)
+    return ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=n,
+        input_ids=torch.arange(n, dtype=torch.int64),
+        req_pool_indices=torch.tensor(req_pool_indices, dtype=torch.int64),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        out_cache_loc=torch.arange(100, 100 + n, dtype=torch.int64),
+        seq_lens_sum=sum(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+        positions=torch.tensor(seq_lens, dtype=torch.int64) - 1,
+    )
+
+
+def _extend_batch(*, mode: ForwardMode, prefix_lens: list[int], extend_lens: list[int],
+                  padded_rows: int = 0) -> ForwardBatch:
+    """An EXTEND/MIXED batch; ``padded_rows`` as DP attention pads it (row tensors only)."""
+    num_tokens = sum(extend_lens)
+    rows = len(prefix_lens)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)] + [1] * padded_rows
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=rows,
+        input_ids=torch.arange(num_tokens, dtype=torch.int64),
+        req_pool_indices=torch.tensor(list(range(1, rows + 1)) + [0] * padded_rows),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        out_cache_loc=torch.arange(1, num_tokens + 1, dtype=torch.int64),
+        seq_lens_sum=sum(seq_lens),
+        positions=torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens)]),
+        extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32),
+        extend_seq_lens=torch.tensor(extend_lens + [1] * padded_rows, dtype=torch.int32),
+        extend_start_loc=torch.tensor([sum(extend_lens[:i]) for i in range(rows)],
+                                      dtype=torch.int32),
+        extend_prefix_lens_cpu=prefix_lens,
+        extend_seq_lens_cpu=extend_lens,
+    )
+
+
+# ----------------------------------------------------------------------------- batch views
+
+
+def test_decode_view_is_made_of_the_batch_tensors() -> None:
+    batch = _decode_batch(req_pool_indices=[3, 0], seq_lens=[9, 1])
+    view = build_batch_view(batch)
+    assert view.layout is BatchLayout.DECODE
+    for name in ("req_pool_indices", "seq_lens", "input_ids", "positions", "out_cache_loc"):
+        assert getattr(view, name).data_ptr() == getattr(batch, name).data_ptr(), name
+    assert view.extend_prefix_lens is None
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.MIXED])
+def test_extend_and_mixed_views_use_the_extend_layout(mode: ForwardMode) -> None:
+    view = build_batch_view(_extend_batch(mode=mode, prefix_lens=[0, 4], extend_lens=[5, 1]))
+    assert view.layout is BatchLayout.EXTEND
+    assert view.extend_start_loc.tolist() == [0, 5]
+
+
+def test_dp_attention_padded_extend_rows_are_cut_to_the_prefix_rows() -> None:
+    batch = _extend_batch(mode=ForwardMode.EXTEND, prefix_lens=[2, 0], extend_lens=[3, 4],
+                          padded_rows=2)
+    view = build_batch_view(batch)
+    assert view.batch_size == 2
+    assert view.req_pool_indices.data_ptr() == batch.req_pool_indices.data_ptr()
+
+
+def test_idle_has_no_view_and_other_modes_are_refused() -> None:
+    idle = _decode_batch(req_pool_indices=[], seq_lens=[])
+    idle.forward_mode = ForwardMode.IDLE
+    assert build_batch_view(idle) is None
+    for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.SPLIT_PREFILL,
+                 ForwardMode.DRAFT_EXTEND_V2, ForwardMode.PREBUILT, ForwardMode.DLLM_EXTEND):
+        batch = _decode_batch(req_pool_indices=[1], seq_lens=[2])
+        batch.forward_mode = mode
+        with pytest.raises(UnsupportedForwardModeError, match=f"forward mode {mode.name} is not"):
+            build_batch_view(batch)
+
+
+# ----------------------------------------------------------------------------- installation
+
+
+def _server(*, page_size: int = 1, config: CanaryConfig = _LOG, forward=None) -> SimulatedServer:
+    def through_hook(batch: ForwardBatch) -> object:
+        return core_hooks.around_model_runner_forward(
+            SimulatedModelRunner.forward, server.runner, batch
+        )
+
+    server = SimulatedServer(page_size=page_size, num_pages=32, max_requests=8,
+                             max_context_len=64, forward=forward or through_hook)
+    install_canary(model_runner=server.runner, config=config, kernels=_KERNELS,
+                   memory_source="test")
+    runtime_of(server.runner).reset_for_serving()
+    return server
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_install_keeps_one_record_per_slot_beside_the_pool(page_size: int, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
+    server = _server(page_size=page_size)
+    state = runtime_of(server.runner).state
+    keys = server.kv_pool.k_buffer[0]
+    assert state.records.shape == (keys.shape[0], RECORD_FIELDS)
+    assert state.req_to_token is server.req_to_token_pool.req_to_token
+    assert state.real_kv_words.data_ptr() == keys.data_ptr()  # a view of the live K bytes
+    assert state.real_kv_num_words == 2
+    assert sum("KV canary installed: records 32 B/slot" in m for m in caplog.messages) == 1
+
+
+def test_install_wraps_forward_keeping_its_signature_and_refuses_twice() -> None:
+    server = _server()
+    model = server.runner.model
+    assert isinstance(model.forward, CanaryModelForward)
+    assert list(inspect.signature(model.forward).parameters) == [
+        "input_ids", "positions", "forward_batch"
+    ]
+    with pytest.raises(RuntimeError, match="already installed"):
+        install_canary(model_runner=server.runner, config=_LOG, kernels=_KERNELS,
+                       memory_source="test")
+
+
+def test_runtime_of_a_runner_without_the_canary_says_which_hook_did_not_run() -> None:
+    with pytest.raises(RuntimeError, match="init_memory_pool did not run"):
+        runtime_of(object())
+
+
+# ----------------------------------------------------------------------------- per step
+
+
+def _counter(server: SimulatedServer, index: int) -> int:
+    return int(runtime_of(server.runner).state.counters[index])
+
+
+def test_each_live_forward_runs_each_kernel_once_and_writes_clean_records() -> None:
+    server = _server(page_size=4)
+    first = SimulatedRequest(rid="a", prompt=list(range(10, 19)), max_new_tokens=4)
+    second = SimulatedRequest(rid="b", prompt=list(range(30, 33)), max_new_tokens=4)
+    server.admit(first)
+    server.admit(second)
+    server.extend([(first, 5), (second, 3)])  # chunked first
+    server.extend([(first, 4)], decoding=[second])  # mixed
+    server.decode([first, second], padded_rows=1)
+    runtime = runtime_of(server.runner)
+    assert runtime.steps == 3
+    for kind in (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY, CheckKind.WRITE):
+        assert _counter(server, COUNTER_KERNEL_RUNS + kind) == 3
+    assert _counter(server, COUNTER_STEP) == 3
+    assert _counter(server, COUNTER_VIOLATIONS) == 0
+
+
+def test_idle_forward_runs_no_kernel_and_is_not_live() -> None:
+    server = _server()
+    idle = _decode_batch(req_pool_indices=[], seq_lens=[])
+    idle.forward_mode = ForwardMode.IDLE
+    idle.token_to_kv_pool = server.kv_pool
+    server.forward(idle)
+    assert runtime_of(server.runner).steps == 1
+    assert _counter(server, COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY) == 0
+
+
+def test_unsupported_mode_is_refused_before_the_forward_runs() -> None:
+    server = _server()
+    ran = []
+    batch = _decode_batch(req_pool_indices=[1], seq_lens=[2])
+    batch.forward_mode = ForwardMode.TARGET_VERIFY
+    with pytest.raises(UnsupportedForwardModeError):
+        core_hooks.around_model_runner_forward(lambda *a: ran.append(a), server.runner, batch)
+    assert ran == []
+
+
+def test_nested_model_forward_runs_the_canary_once() -> None:
+    server = _server()
+    inner = server.runner.model.forward.original
+
+    def outer(input_ids, positions, forward_batch, *, nested=True):
+        if nested:  # a VLM calling a (wrapped) forward again
+            return server.runner.model.forward(input_ids, positions, forward_batch, nested=False)
+        return inner(input_ids, positions, forward_batch)
+
+    server.runner.model.forward.original = outer
+    request = SimulatedRequest(rid="r", prompt=[5, 6, 7], max_new_tokens=2)
+    server.admit(request)
+    server.extend([(request, 3)])
+    assert _counter(server, COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY) == 1
+    assert _counter(server, COUNTER_KERNEL_RUNS + CheckKind.WRITE) == 1
+
+
+def test_faults_are_undone_even_when_the_forward_raises() -> None:
+    config = CanaryConfig(mode=CanaryMode.LOG, perturb=PerturbConfig(
+        warmup_steps=0, seed=3, req_to_token_prob=1.0))
+    server = _server(config=config)
+    requests = [SimulatedRequest(rid=f"r{i}", prompt=[1, 2, 3, 4], max_new_tokens=9)
+                for i in range(2)]
+    for request in requests:
+        server.admit(request)
+    server.extend([(r, 4) for r in requests])
+    before = server.req_to_token_pool.req_to_token.clone()
+    batch = _decode_batch(req_pool_indices=[r.req_pool_idx for r in requests], seq_lens=[5, 5])
+
+    def failing_forward(*args):
+        assert not torch.equal(server.req_to_token_pool.req_to_token, before)  # injected
+        raise RuntimeError("model failed")
+
+    with pytest.raises(RuntimeError, match="model failed"):
+        core_hooks.around_model_runner_forward(failing_forward, server.runner, batch)
+    assert torch.equal(server.req_to_token_pool.req_to_token, before)
+
+
+def test_reset_for_serving_zeroes_the_counters() -> None:
+    server = _server()
+    request = SimulatedRequest(rid="r", prompt=[5, 6], max_new_tokens=2)
+    server.admit(request)
+    server.extend([(request, 2)])
+    runtime = runtime_of(server.runner)
+    assert int(runtime.state.counters.sum()) > 0
+    runtime.reset_for_serving()
+    assert int(runtime.state.counters.abs().sum()) == 0
+
+
+# ----------------------------------------------------------------------------- graph hooks
+
+
+def _decode_buffers(max_bs: int) -> DecodeInputBuffers:
+    return DecodeInputBuffers.create(
+        device="cpu", max_bs=max_bs, max_num_token=max_bs, hidden_size=8, vocab_size=16,
+        dtype=torch.float32, dp_size=1, pp_size=1, is_encoder_decoder=False,
+        require_mlp_tp_gather=False, seq_len_fill_value=1, encoder_len_fill_value=0,
+        num_tokens_per_bs=1, cache_loc_dtype=torch.int64, enable_mamba_track=False,
+    )
+
+
+def _populate(buffers: DecodeInputBuffers, *, req_pool_indices: list[int], bs: int,
+              with_fix: bool) -> None:
+    raw_bs = len(req_pool_indices)
+    kwargs = dict(
+        forward_batch=_decode_batch(req_pool_indices=req_pool_indices, seq_lens=[4] * raw_bs),
+        raw_bs=raw_bs, raw_num_token=raw_bs, bs=bs, seq_len_fill_value=1,
+        require_gathered_buffer=False, num_tokens_per_bs=1, nsa_enable_prefill_cp=False,
+        enable_num_token_non_padded_flag=False,
+    )
+    if with_fix:
+        core_hooks.zero_padded_req_pool_indices(buffers, **kwargs)
+    buffers.populate_from_forward_batch(**kwargs)
+
+
+@pytest.mark.parametrize("with_fix", [False, True])
+def test_padded_graph_rows_point_at_request_row_zero_only_with_the_fix(with_fix: bool) -> None:
+    buffers = _decode_buffers(4)
+    _populate(buffers, req_pool_indices=[5, 6, 7, 8], bs=4, with_fix=with_fix)
+    _populate(buffers, req_pool_indices=[1, 2], bs=4, with_fix=with_fix)
+    expected = [1, 2, 0, 0] if with_fix else [1, 2, 7, 8]  # 0.5.12 leaves stale rows
+    assert buffers.req_pool_indices.tolist() == expected
+    assert buffers.out_cache_loc[2:].tolist() == [0, 0]
+
+
+def test_capture_starts_from_padding_rows_only() -> None:
+    buffers = _decode_buffers(4)
+    _populate(buffers, req_pool_indices=[5, 6, 7, 8], bs=4, with_fix=True)
+
+    class GraphRunner:  # the attribute CudaGraphRunner.capture's hook reads
+        pass
+
+    runner = GraphRunner()
+    runner.buffers = buffers
+    core_hooks.clear_graph_inputs_before_capture(runner)
+    assert buffers.req_pool_indices.tolist() == [0] * 4
+    assert buffers.out_cache_loc.tolist() == [0] * 4
+
+
+# ----------------------------------------------------------------------------- memory budget
+
+
+def test_memory_budget_hooks() -> None:
+    cell_size = core_hooks.add_record_bytes_to_cell_size(4096, object(), object(), 4)
+    assert cell_size == 4096 + RECORD_BYTES
+
+    class Runner:
+        page_size = 4
+
+    set_active_config_for_testing(CanaryConfig(mode=CanaryMode.LOG, ring_capacity=100))
+    try:
+        available = core_hooks.reserve_fixed_canary_bytes(10**9, Runner(), 0)
+    finally:
+        set_active_config_for_testing(None)
+    assert available == 10**9 - fixed_bytes(ring_capacity=100, page_size=4)
+    assert fixed_bytes(ring_capacity=100, page_size=4) == 4 * 32 + 100 * 10 * 8 + 10 * 8
+
+
+def test_hooks_apply_to_sglang_and_fix_padded_rows_through_the_registry() -> None:
+    """In a fresh interpreter: register the canary's hooks, apply them to SGLang's classes, check
+    each is in place, and drive the patched ``populate_from_forward_batch``."""
+    code = textwrap.dedent("""
+        import torch
+        from sglang.srt.kv_canary import hook_targets
+        from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        # sglang.srt.managers.scheduler imports CUDA libraries: its hook is checked statically
+        hook_targets.HOOK_SPECS = tuple(
+            s for s in hook_targets.HOOK_SPECS if ".managers.scheduler." not in s.target)
+        specs = hook_targets.register_hooks(CanaryConfig(mode=CanaryMode.LOG))
+        HookRegistry.apply_hooks()
+        hook_targets.verify_hooks_applied()
+        buffers = DecodeInputBuffers.create(
+            device="cpu", max_bs=4, max_num_token=4, hidden_size=8, vocab_size=16,
+            dtype=torch.float32, dp_size=1, pp_size=1, is_encoder_decoder=False,
+            require_mlp_tp_gather=False, seq_len_fill_value=1, encoder_len_fill_value=0,
+            num_tokens_per_bs=1, cache_loc_dtype=torch.int64, enable_mamba_track=False)
+        buffers.req_pool_indices.copy_(torch.tensor([5, 6, 7, 8]))
+        batch = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=1,
+            input_ids=torch.tensor([3]), req_pool_indices=torch.tensor([1]),
+            seq_lens=torch.tensor([4]), out_cache_loc=torch.tensor([9]), seq_lens_sum=4,
+            positions=torch.tensor([3]))
+        buffers.populate_from_forward_batch(forward_batch=batch, raw_bs=1, raw_num_token=1,
+            bs=4, seq_len_fill_value=1, require_gathered_buffer=False, num_tokens_per_bs=1,
+            nsa_enable_prefill_cp=False, enable_num_token_non_padded_flag=False)
+        print(len(specs), buffers.req_pool_indices.tolist())
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].endswith("[1, 0, 0, 0]")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,99 @@
+"""Real SGLang batch objects for the oracle's CPU tests.
+
+``forward_batch_from_init_new`` runs the real ``ForwardBatch.init_new`` (0.5.12.post1) on a real
+``ModelWorkerBatch`` with a stand-in model runner (CPU, ``torch_native`` positions), then the
+package's init_new hook, exactly as the hooked classmethod does in a server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from sglang.srt.kv_canary.request_id_hooks import attach_request_ids_after_init_new
+from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+from sglang.srt.model_executor import forward_batch_info
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+VOCAB_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class FakeReq:
+    rid: str
+    bootstrap_room: int | None = None
+
+
+def model_runner_stub(*, is_draft_worker: bool = False, sampling_backend: str = "token_oracle",
+                      speculative_algorithm: str | None = None,
+                      disable_overlap_schedule: bool = False) -> SimpleNamespace:
+    server_args = SimpleNamespace(
+        attention_backend="torch_native", enable_lora=False, sampling_backend=sampling_backend,
+        speculative_algorithm=speculative_algorithm,
+        disable_overlap_schedule=disable_overlap_schedule,
+    )
+    return SimpleNamespace(
+        device="cpu", req_to_token_pool=None, token_to_kv_pool=None, attn_backend=None,
+        server_args=server_args, use_ngram_embedding=False, model_is_mrope=False,
+        is_hybrid_swa=False, is_draft_worker=is_draft_worker,
+        model_config=SimpleNamespace(vocab_size=VOCAB_SIZE),
+    )
+
+
+def sampling_info(rows: int) -> SamplingBatchInfo:
+    return SamplingBatchInfo(
+        temperatures=torch.ones(rows, 1), top_ps=torch.ones(rows),
+        top_ks=torch.ones(rows, dtype=torch.int32), min_ps=torch.zeros(rows),
+        is_all_greedy=True, need_top_p_sampling=False, need_top_k_sampling=False,
+        need_min_p_sampling=False, vocab_size=VOCAB_SIZE, device="cpu",
+    )
+
+
+def model_worker_batch(
+    *,
+    mode: ForwardMode,
+    reqs: Sequence[FakeReq],
+    seq_lens: Sequence[int],
+    extend_prefix_lens: Sequence[int] | None = None,
+    spec_info: object = None,
+) -> ModelWorkerBatch:
+    rows = len(reqs)
+    if extend_prefix_lens is None:
+        extend_seq_lens = None
+        num_tokens = rows if mode != ForwardMode.TARGET_VERIFY else rows * spec_info.draft_token_num
+    else:
+        extend_seq_lens = [s - p for s, p in zip(seq_lens, extend_prefix_lens)]
+        num_tokens = sum(extend_seq_lens)
+    return ModelWorkerBatch(
+        forward_mode=mode, input_ids=torch.zeros(num_tokens, dtype=torch.int64),
+        req_pool_indices=torch.arange(1, rows + 1, dtype=torch.int64),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        out_cache_loc=torch.arange(1, num_tokens + 1, dtype=torch.int64),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64), seq_lens_sum=sum(seq_lens),
+        return_logprob=False, top_logprobs_nums=None, token_ids_logprobs=None,
+        global_num_tokens=None, global_num_tokens_for_logprob=None, is_extend_in_batch=False,
+        all_extend_in_batch=False, can_run_dp_cuda_graph=False, tbo_split_seq_index=None,
+        global_forward_mode=None,
+        extend_num_tokens=None if extend_seq_lens is None else num_tokens,
+        extend_seq_lens=extend_seq_lens,
+        extend_prefix_lens=None if extend_prefix_lens is None else list(extend_prefix_lens),
+        extend_logprob_start_lens=None if extend_seq_lens is None else [0] * rows,
+        extend_input_logprob_token_ids=None, multimodal_inputs=None, encoder_cached=None,
+        encoder_lens=None, encoder_lens_cpu=None, encoder_out_cache_loc=None,
+        lora_ids=[None] * rows, sampling_info=sampling_info(rows), spec_info=spec_info,
+        reqs=list(reqs),
+    )
+
+
+def forward_batch_from_init_new(batch: ModelWorkerBatch, *, model_runner: object = None,
+                                monkeypatch) -> ForwardBatch:
+    """The real ``ForwardBatch.init_new`` followed by the package's AFTER hook."""
+    monkeypatch.setattr(forward_batch_info, "enable_num_token_non_padded", lambda: False)
+    runner = model_runner or model_runner_stub()
+    forward_batch = ForwardBatch.init_new(batch, runner)
+    attach_request_ids_after_init_new(forward_batch, ForwardBatch, batch, runner)
+    return forward_batch

@@ -1,0 +1,161 @@
+"""Graph-resident request ids of the decode and EAGLE-draft graph runners (capture and replay)."""
+
+import inspect
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from _batches import VOCAB_SIZE
+from _oracle_reference import oracle_token, rid_hash
+from sglang.srt.kv_canary.request_id_graph_buffers import (
+    GRAPH_REQUEST_ID_BUFFERS_ATTR,
+    capture_decode_graph_with_request_ids,
+    capture_draft_graph_with_request_ids,
+    fill_decode_graph_request_ids_after_replay_prepare,
+    fill_draft_graph_request_ids_before_replay,
+)
+from sglang.srt.kv_canary.request_ids import request_ids_of, set_request_ids
+from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
+from sglang.srt.kv_canary.token_oracle.oracle_manager import ExpectedInputs, TokenOracleManager
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="kv-canary-cpu")
+
+MAX_BS = 8
+
+
+def _runner() -> SimpleNamespace:
+    return SimpleNamespace(max_bs=MAX_BS, model_runner=SimpleNamespace(device="cpu"))
+
+
+def _static_batch(bs: int, seq_lens: torch.Tensor) -> ForwardBatch:
+    """A capture-time batch like CudaGraphRunner.capture_one_batch_size builds (no ids)."""
+    return ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=bs,
+                        input_ids=torch.zeros(bs, dtype=torch.int64),
+                        req_pool_indices=torch.zeros(bs, dtype=torch.int64),
+                        seq_lens=seq_lens[:bs], out_cache_loc=torch.zeros(bs, dtype=torch.int64),
+                        seq_lens_sum=0, positions=(seq_lens[:bs] - 1).to(torch.int64))
+
+
+def _live_batch(rids: list[str], rooms: list[int]) -> SimpleNamespace:
+    batch = SimpleNamespace(batch_size=len(rids))
+    set_request_ids(batch, rids_int=torch.tensor([rid_hash(r) for r in rids], dtype=torch.int64),
+                    bootstrap_room_ids_int=torch.tensor(rooms, dtype=torch.int64))
+    return batch
+
+
+def _model_forward(input_ids, positions, forward_batch, pp_proxy_tensors=None):
+    return forward_batch
+
+
+def _capture_decode(runner, bs: int, static_seq_lens: torch.Tensor) -> ForwardBatch:
+    """Mimics CudaGraphRunner.capture_one_batch_size: build the batch, run the forward twice."""
+    def original(runner, bs, forward, stream_idx=None):
+        assert "pp_proxy_tensors" in inspect.signature(forward).parameters
+        forward_batch = _static_batch(bs, static_seq_lens)
+        for _ in range(2):  # warm-up run, then the captured run
+            seen = forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        return seen
+
+    return capture_decode_graph_with_request_ids(original, runner, bs, _model_forward, None)
+
+
+def test_decode_capture_batches_read_views_of_the_static_buffers() -> None:
+    runner = _runner()
+    seq_lens = torch.full((MAX_BS,), 1, dtype=torch.int32)
+    captured = {bs: _capture_decode(runner, bs, seq_lens) for bs in (8, 4, 1)}
+    buffers = getattr(runner, GRAPH_REQUEST_ID_BUFFERS_ATTR)
+    assert buffers.rids_int.tolist() == [0] * MAX_BS
+    assert buffers.bootstrap_room_ids_int.tolist() == [-1] * MAX_BS
+    for bs, forward_batch in captured.items():
+        rids_int, rooms = request_ids_of(forward_batch)
+        assert rids_int.shape == (bs,) and rids_int.data_ptr() == buffers.rids_int.data_ptr()
+        assert rooms.shape == (bs,)
+        assert rooms.data_ptr() == buffers.bootstrap_room_ids_int.data_ptr()
+
+
+def test_replay_fills_raw_rows_and_resets_padded_rows() -> None:
+    runner = _runner()
+    _capture_decode(runner, 8, torch.ones(MAX_BS, dtype=torch.int32))
+    buffers = getattr(runner, GRAPH_REQUEST_ID_BUFFERS_ATTR)
+    big = _live_batch([f"r{i}" for i in range(7)], [-1, 3, -1, -1, 11, -1, 12])
+    fill_decode_graph_request_ids_after_replay_prepare(None, runner, big)
+    assert buffers.rids_int[:7].tolist() == [rid_hash(f"r{i}") for i in range(7)]
+    small = _live_batch(["x", "y", "z"], [5, -1, -1])  # padded to a graph of 4: rows 3.. stale?
+    fill_decode_graph_request_ids_after_replay_prepare(None, runner, small)
+    assert buffers.rids_int.tolist() == [rid_hash("x"), rid_hash("y"), rid_hash("z")] + [0] * 5
+    assert buffers.bootstrap_room_ids_int.tolist() == [5, -1, -1] + [-1] * 5
+
+
+def test_in_graph_consumer_sees_the_replayed_batch() -> None:
+    """fill_expected_inputs on the capture batch reads whatever the last replay filled in."""
+    runner = _runner()
+    static_seq_lens = torch.ones(MAX_BS, dtype=torch.int32)
+    capture_batch = _capture_decode(runner, 4, static_seq_lens)
+    manager = TokenOracleManager(oracle=HashOracle(vocab_size=VOCAB_SIZE))
+    out = ExpectedInputs.allocate(capacity=4, device="cpu")
+    for rids, seq_lens in ((["a", "b", "c"], [5, 6, 7]), (["d"], [9])):
+        live = _live_batch(rids, [-1] * len(rids))
+        fill_decode_graph_request_ids_after_replay_prepare(None, runner, live)
+        static_seq_lens.fill_(1)
+        static_seq_lens[: len(seq_lens)] = torch.tensor(seq_lens, dtype=torch.int32)
+        manager.fill_expected_inputs(forward_batch=capture_batch, expected_inputs_out=out)
+        expected = [oracle_token(rid_hash(r), s - 1, VOCAB_SIZE) for r, s in zip(rids, seq_lens)]
+        padded = [oracle_token(0, 0, VOCAB_SIZE)] * (4 - len(rids))  # rid 0, room -1: id 0
+        assert out.tokens.tolist() == expected + padded
+
+
+def test_replay_validates_the_live_batch() -> None:
+    runner = _runner()
+    with pytest.raises(RuntimeError, match="captured without the request-id buffers"):
+        fill_decode_graph_request_ids_after_replay_prepare(None, runner, _live_batch(["a"], [-1]))
+    _capture_decode(runner, 2, torch.ones(MAX_BS, dtype=torch.int32))
+    mismatched = _live_batch(["a", "b"], [-1, -1])
+    mismatched.batch_size = 3
+    with pytest.raises(ValueError, match="2 ids for a replayed batch of 3 rows"):
+        fill_decode_graph_request_ids_after_replay_prepare(None, runner, mismatched)
+
+
+class _DraftWorker:
+    def draft_forward(self, forward_batch):
+        return request_ids_of(forward_batch)
+
+
+def test_draft_capture_shadows_draft_forward_only_while_capturing() -> None:
+    worker = _DraftWorker()
+    runner = SimpleNamespace(max_bs=MAX_BS, model_runner=SimpleNamespace(device="cpu"),
+                             eagle_worker=worker)
+
+    def original(runner, num_seqs, forward, stream_idx=0):
+        forward_batch = _static_batch(num_seqs, torch.ones(MAX_BS, dtype=torch.int32))
+        return runner.eagle_worker.draft_forward(forward_batch)
+
+    rids_int, rooms = capture_draft_graph_with_request_ids(original, runner, 3, None)
+    buffers = getattr(runner, GRAPH_REQUEST_ID_BUFFERS_ATTR)
+    assert rids_int.shape == (3,) and rids_int.data_ptr() == buffers.rids_int.data_ptr()
+    assert rooms.data_ptr() == buffers.bootstrap_room_ids_int.data_ptr()
+    assert "draft_forward" not in vars(worker)  # the class method is back
+
+    fill_draft_graph_request_ids_before_replay(runner, _live_batch(["q"], [4]))
+    assert buffers.rids_int.tolist() == [rid_hash("q")] + [0] * 7
+    assert buffers.bootstrap_room_ids_int.tolist() == [4] + [-1] * 7
+
+
+def test_draft_capture_restores_draft_forward_after_an_error() -> None:
+    worker = _DraftWorker()
+    runner = SimpleNamespace(max_bs=MAX_BS, model_runner=SimpleNamespace(device="cpu"),
+                             eagle_worker=worker)
+
+    def failing(runner, num_seqs, forward, stream_idx=0):
+        raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError, match="capture failed"):
+        capture_draft_graph_with_request_ids(failing, runner, 2, None)
+    assert "draft_forward" not in vars(worker)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

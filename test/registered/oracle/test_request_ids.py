@@ -1,0 +1,166 @@
+"""Per-request ids: BLAKE2b hashing, rooms, generalized-id selection, the ForwardBatch hooks."""
+
+import hashlib
+import sys
+
+import pytest
+import torch
+
+from _batches import FakeReq, forward_batch_from_init_new, model_runner_stub, model_worker_batch
+from _oracle_reference import generalized_id, rid_hash
+from sglang.srt.kv_canary.perturb.next_token_swap import SAMPLED_ROWS_ATTR
+from sglang.srt.kv_canary.request_id_hooks import (
+    attach_request_ids_after_init_new,
+    pad_request_ids_after_pad_inputs,
+)
+from sglang.srt.kv_canary.request_ids import (
+    MissingRequestIdsError,
+    bootstrap_rooms_to_tensor,
+    generalized_req_ids_of,
+    hash_rids_to_tensor,
+    request_ids_of,
+    request_ids_to_tensors,
+    select_generalized_req_ids,
+    stable_hash_str_to_i64,
+)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=10, suite="kv-canary-cpu")
+
+# (rid, BLAKE2b digest_size=8 hex, the digest read as a little-endian signed int64)
+PINNED_VECTORS = (
+    ("", "e4a6a0577479b2b4", -5426141060434712860),
+    ("abc", "d8bb14d833d59559", 6455300059550759896),
+    ("req-0", "4ecbaedbe34f9083", -8966579018032821426),
+    ("\u00fc-rid", "3a53b0cb61eab437", 4014090873644012346),
+)
+RIDS = ["", "abc", "req-0", "\u00fc-rid", "a" * 1000, "HEALTH_CHECK_1.5", "x y z"]
+
+
+@pytest.mark.parametrize("rid,digest_hex,value", PINNED_VECTORS)
+def test_pinned_blake2b_vectors(rid: str, digest_hex: str, value: int) -> None:
+    digest = hashlib.blake2b(rid.encode("utf-8"), digest_size=8).digest()
+    assert digest.hex() == digest_hex
+    assert int.from_bytes(digest, "little", signed=True) == value
+    assert stable_hash_str_to_i64(rid) == value
+
+
+@pytest.mark.parametrize("rid", RIDS)
+def test_stable_hash_matches_hand_computed_blake2b(rid: str) -> None:
+    assert stable_hash_str_to_i64(rid) == rid_hash(rid)
+
+
+def test_stable_hash_rejects_non_str() -> None:
+    with pytest.raises(TypeError, match="rid must be a str"):
+        stable_hash_str_to_i64(b"abc")
+
+
+def test_hash_rids_to_tensor() -> None:
+    tensor = hash_rids_to_tensor(rids=RIDS, device="cpu")
+    assert tensor.dtype == torch.int64 and tensor.shape == (len(RIDS),)
+    assert tensor.tolist() == [rid_hash(rid) for rid in RIDS]
+    assert hash_rids_to_tensor(rids=[], device="cpu").shape == (0,)
+
+
+def test_bootstrap_rooms_to_tensor_maps_none_to_minus_one() -> None:
+    rooms = [None, 0, 7, (1 << 63) - 1, None]
+    tensor = bootstrap_rooms_to_tensor(bootstrap_rooms=rooms, device="cpu")
+    assert tensor.dtype == torch.int64
+    assert tensor.tolist() == [-1, 0, 7, (1 << 63) - 1, -1]
+
+
+@pytest.mark.parametrize("room,error", [(-2, ValueError), (1 << 63, ValueError),
+                                        ("5", TypeError), (True, TypeError)])
+def test_bootstrap_rooms_rejects_bad_rooms(room: object, error: type) -> None:
+    with pytest.raises(error, match="bootstrap_room"):
+        bootstrap_rooms_to_tensor(bootstrap_rooms=[room], device="cpu")
+
+
+def test_request_ids_to_tensors_one_copy_two_rows() -> None:
+    rids_int, rooms = request_ids_to_tensors(rids=["a", "b"], bootstrap_rooms=[None, 3],
+                                             device="cpu")
+    assert rids_int.tolist() == [rid_hash("a"), rid_hash("b")] and rooms.tolist() == [-1, 3]
+    assert rids_int.is_contiguous() and rooms.is_contiguous()
+    with pytest.raises(ValueError, match="differ in length"):
+        request_ids_to_tensors(rids=["a"], bootstrap_rooms=[], device="cpu")
+
+
+def test_select_generalized_req_ids_prefers_non_negative_rooms() -> None:
+    vanilla = torch.tensor([rid_hash("a"), rid_hash("b"), rid_hash("c"), -9], dtype=torch.int64)
+    rooms = torch.tensor([-1, 0, 123, -1], dtype=torch.int64)
+    selected = select_generalized_req_ids(vanilla_req_ids=vanilla, bootstrap_room_ids_int=rooms)
+    assert selected.tolist() == [rid_hash("a"), 0, 123, -9]
+    assert selected.tolist() == [generalized_id("a"), generalized_id("b", 0),
+                                 generalized_id("c", 123), -9]
+
+
+def test_select_generalized_req_ids_validates() -> None:
+    with pytest.raises(TypeError, match="int64"):
+        select_generalized_req_ids(vanilla_req_ids=torch.zeros(2, dtype=torch.int32),
+                                   bootstrap_room_ids_int=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="differ in shape"):
+        select_generalized_req_ids(vanilla_req_ids=torch.zeros(2, dtype=torch.int64),
+                                   bootstrap_room_ids_int=torch.zeros(3, dtype=torch.int64))
+
+
+def test_missing_ids_error_names_the_variable() -> None:
+    with pytest.raises(MissingRequestIdsError, match="SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"):
+        request_ids_of(object())
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE])
+def test_init_new_hook_sets_ids_on_batch_and_sampling_info(mode: ForwardMode, monkeypatch) -> None:
+    reqs = [FakeReq("r0"), FakeReq("r1", bootstrap_room=42), FakeReq("r2")]
+    prefixes = [0, 3, 1] if mode == ForwardMode.EXTEND else None
+    batch = model_worker_batch(mode=mode, reqs=reqs, seq_lens=[4, 6, 2],
+                               extend_prefix_lens=prefixes)
+    forward_batch = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
+    rids_int, rooms = request_ids_of(forward_batch)
+    assert rids_int.tolist() == [rid_hash("r0"), rid_hash("r1"), rid_hash("r2")]
+    assert rooms.tolist() == [-1, 42, -1]
+    info_rids, info_rooms = request_ids_of(forward_batch.sampling_info)
+    assert info_rids is rids_int and info_rooms is rooms
+    assert generalized_req_ids_of(forward_batch).tolist() == [rid_hash("r0"), 42, rid_hash("r2")]
+    sampled_rows = getattr(forward_batch.sampling_info, SAMPLED_ROWS_ATTR)
+    assert list(sampled_rows.rids) == ["r0", "r1", "r2"]
+    assert sampled_rows.next_positions.tolist() == [4, 6, 2]
+
+
+def test_init_new_hook_rejects_row_count_mismatch(monkeypatch) -> None:
+    batch = model_worker_batch(mode=ForwardMode.DECODE, reqs=[FakeReq("a"), FakeReq("b")],
+                               seq_lens=[3, 3])
+    forward_batch = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
+    batch.reqs = batch.reqs[:1]
+    with pytest.raises(ValueError, match="2 rows but 1 requests"):
+        attach_request_ids_after_init_new(forward_batch, ForwardBatch, batch, model_runner_stub())
+
+
+def test_padding_hook_pads_rids_with_zero_and_rooms_with_minus_one(monkeypatch) -> None:
+    batch = model_worker_batch(mode=ForwardMode.DECODE,
+                               reqs=[FakeReq("a", bootstrap_room=9), FakeReq("b")], seq_lens=[3, 5])
+    forward_batch = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
+    pad_request_ids_after_pad_inputs(None, forward_batch, model_runner_stub(), 5, 5)
+    rids_int, rooms = request_ids_of(forward_batch)
+    assert rids_int.tolist() == [rid_hash("a"), rid_hash("b"), 0, 0, 0]
+    assert rooms.tolist() == [9, -1, -1, -1, -1]
+    info_rids, info_rooms = request_ids_of(forward_batch.sampling_info)
+    assert info_rids is rids_int and info_rooms is rooms
+    pad_request_ids_after_pad_inputs(None, forward_batch, model_runner_stub(), 5, 5)  # no-op
+    assert request_ids_of(forward_batch)[0] is rids_int
+    with pytest.raises(ValueError, match="cannot pad 5 id rows down to 4"):
+        pad_request_ids_after_pad_inputs(None, forward_batch, model_runner_stub(), 4, 4)
+
+
+def test_padding_hook_leaves_batches_without_ids_alone(monkeypatch) -> None:
+    batch = model_worker_batch(mode=ForwardMode.DECODE, reqs=[FakeReq("a")], seq_lens=[3])
+    parent = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
+    child = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=1, input_ids=None,
+                         req_pool_indices=None, seq_lens=None, out_cache_loc=None, seq_lens_sum=0,
+                         sampling_info=parent.sampling_info)
+    pad_request_ids_after_pad_inputs(None, child, model_runner_stub(), 4, 4)
+    assert request_ids_of(parent.sampling_info)[0].shape == (1,)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

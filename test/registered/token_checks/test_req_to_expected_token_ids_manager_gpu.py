@@ -1,0 +1,153 @@
+"""The expected-token pool on CUDA: pinned snapshots, async copies, and CUDA-graph replay.
+
+``test_graph_replay_sees_histories_refreshed_before_replay`` is the test the first upstream
+version would have failed: its valid lengths were filled only on the eager path, so a replayed
+graph compared nothing. Here a captured verify-token check must count the positions it checked
+and must catch a corrupted token after replays that follow request arrivals, decode steps and
+row reuse.
+"""
+
+import sys
+
+import pytest
+import torch
+from _history_schedule import FakeReq, SimulatedSchedule
+
+from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (
+    ReqToVerifyExpectedTokens,
+    TokenHistorySyncMode,
+)
+from sglang.test.ci.ci_register import register_cuda_ci
+
+register_cuda_ci(est_time=40, suite="kv-canary-gpu")
+
+_DEVICE = "cuda"
+
+
+def _pool(mode: TokenHistorySyncMode, *, rows: int, width: int) -> ReqToVerifyExpectedTokens:
+    return ReqToVerifyExpectedTokens(
+        num_rows=rows, max_context_len=width, device=_DEVICE, sync_mode=mode
+    )
+
+
+@pytest.mark.gpu
+def test_snapshots_are_pinned() -> None:
+    pool = _pool(TokenHistorySyncMode.INCREMENTAL, rows=3, width=8)
+    req = FakeReq("a", [1, 2, 3])
+    req.req_pool_idx = 1
+    info = pool.snapshot([req])
+    assert info.packed.is_pinned()
+    pool.populate(info)
+    torch.cuda.synchronize()
+    assert pool.tokens[1, :3].tolist() == [1, 2, 3]
+
+
+@pytest.mark.gpu
+def test_incremental_and_full_give_identical_pools_over_a_schedule() -> None:
+    rows, width = 33, 96
+    full = _pool(TokenHistorySyncMode.FULL, rows=rows, width=width)
+    incremental = _pool(TokenHistorySyncMode.INCREMENTAL, rows=rows, width=width)
+    schedule = SimulatedSchedule(seed=5, pool_rows=rows, max_prompt_len=110)
+    for step, batch in enumerate(schedule.batches(200)):
+        for pool in (full, incremental):
+            pool.populate(pool.snapshot(batch))  # no sync in between: copies stay async
+        if step % 10 == 9:
+            assert torch.equal(full.tokens, incremental.tokens), f"step {step}"
+            assert torch.equal(full.valid_lens_by_row, incremental.valid_lens_by_row)
+            for req in batch:
+                kept = req.history()[:width]
+                assert incremental.tokens[req.req_pool_idx, : len(kept)].tolist() == kept
+
+
+class _CapturedTokenCheck:
+    """A miniature verify-token check captured in a CUDA graph, like the canary's verify.
+
+    Static inputs (the graph's buffers): ``req_pool_indices`` ``[max_bs]`` (0 = padding) and
+    ``stored_tokens`` ``[max_bs, positions]`` (what the slots of each row hold). Outputs:
+    ``checked`` (positions compared) and ``mismatches``.
+    """
+
+    def __init__(self, pool: ReqToVerifyExpectedTokens, *, max_bs: int, positions: int) -> None:
+        self.pool = pool
+        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=_DEVICE)
+        self.stored_tokens = torch.zeros((max_bs, positions), dtype=torch.int32, device=_DEVICE)
+        self.valid_lens = torch.zeros(max_bs, dtype=torch.int64, device=_DEVICE)
+        self.checked = torch.zeros((), dtype=torch.int64, device=_DEVICE)
+        self.mismatches = torch.zeros((), dtype=torch.int64, device=_DEVICE)
+        self._position = torch.arange(positions, device=_DEVICE)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._check()  # warm-up outside capture
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._check()
+
+    def _check(self) -> None:
+        self.pool.gather_valid_lens(req_pool_indices=self.req_pool_indices, out=self.valid_lens)
+        positions = self._position.numel()
+        expected = self.pool.tokens.index_select(0, self.req_pool_indices)[:, :positions]
+        compared = (self._position[None, :] < self.valid_lens[:, None]) & (
+            self.req_pool_indices[:, None] != 0
+        )
+        self.checked.copy_(compared.sum())
+        self.mismatches.copy_((compared & (expected != self.stored_tokens)).sum())
+
+    def replay(self, rows: list[tuple[int, list[int]]]) -> tuple[int, int]:
+        """Fill the static buffers with ``(pool row, stored tokens)`` per batch row (padding
+        after them), replay, and read ``(checked, mismatches)``."""
+        self.req_pool_indices.zero_()
+        self.stored_tokens.zero_()
+        for b, (row, stored) in enumerate(rows):
+            self.req_pool_indices[b] = row
+            stored = stored[: self.stored_tokens.shape[1]]
+            self.stored_tokens[b, : len(stored)] = torch.tensor(stored, dtype=torch.int32)
+        self.graph.replay()
+        return int(self.checked), int(self.mismatches)
+
+
+def _admit(rid: str, prompt: list[int], row: int) -> FakeReq:
+    req = FakeReq(rid, prompt)
+    req.req_pool_idx = row
+    return req
+
+
+def _as_stored(*reqs: FakeReq) -> list[tuple[int, list[int]]]:
+    """Slots that hold exactly each request's history."""
+    return [(req.req_pool_idx, req.history()) for req in reqs]
+
+
+@pytest.mark.gpu
+def test_graph_replay_sees_histories_refreshed_before_replay() -> None:
+    pool = _pool(TokenHistorySyncMode.INCREMENTAL, rows=8, width=32)
+    check = _CapturedTokenCheck(pool, max_bs=4, positions=24)  # captured before any request
+    a = _admit("a", [11, 12, 13, 14], row=3)
+    b = _admit("b", [21, 22], row=5)
+
+    pool.populate(pool.snapshot([a, b]))  # outside the graph, before the replay
+    assert check.replay(_as_stored(a, b)) == (6, 0)
+
+    for step in range(3):  # decode: one new token each; only the suffix is copied
+        a.output_ids.append(100 + step)
+        b.output_ids.append(200 + step)
+        info = pool.snapshot([a, b])
+        assert info.num_tokens == 2
+        pool.populate(info)
+        assert check.replay(_as_stored(a, b)) == (6 + 2 * (step + 1), 0)
+
+    corrupted = a.history()
+    corrupted[-1] += 1  # a slot holding a token the request never had
+    assert check.replay([(3, corrupted), (5, b.history())]) == (12, 1)
+
+    c = _admit("c", [31, 32, 33], row=5)  # b finished; c reuses its row
+    pool.populate(pool.snapshot([a, c]))
+    assert check.replay(_as_stored(a, c)) == (7 + 3, 0)
+    assert check.replay([(3, a.history()), (5, b.history())]) == (10, 3)  # b's stale tokens
+
+    padded = [(3, a.history()), (0, [99] * 24)]  # a padding row is never checked
+    assert check.replay(padded) == (7, 0)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,93 @@
+"""A stand-in for ``python -m sglang.launch_server`` that the server-tool tests launch.
+
+Takes the launcher's ``--host/--port/--model-path`` (other flags ignored) and serves ``/health``,
+``/generate`` (echo), ``/flush_cache`` and ``/abort_request``. Behaviour from the environment:
+FAKE_SERVER_MODE = serve (default) | exit (print a refusal, exit 3) | hang (never listen);
+FAKE_SERVER_READY_DELAY_S (default 0): /health answers 503 until then;
+FAKE_SERVER_CHILD_PID_FILE: start a child process in the same group and write its pid there;
+FAKE_SERVER_IGNORE_SIGTERM=1: survive SIGTERM (the launcher must escalate to SIGKILL).
+"""
+
+import argparse
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--model-path")
+    options, _ = parser.parse_known_args()
+    mode = os.environ.get("FAKE_SERVER_MODE", "serve")
+    print(f"fake server: mode={mode} model={options.model_path}", flush=True)
+    if os.environ.get("FAKE_SERVER_IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child_pid_file = os.environ.get("FAKE_SERVER_CHILD_PID_FILE")
+    if child_pid_file:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(child_pid_file, "w") as handle:
+            handle.write(str(child.pid))
+    if mode == "exit":
+        print("refused: FAKE_SETTING='bad' is invalid; allowed: good", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if mode == "hang":
+        while True:
+            time.sleep(1)
+    ready_at = time.monotonic() + float(os.environ.get("FAKE_SERVER_READY_DELAY_S", "0"))
+    aborted: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            print("fake server request:", self.command, self.path, flush=True)
+
+        def _answer(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._answer(200 if time.monotonic() >= ready_at else 503, {})
+            elif self.path == "/aborted":
+                self._answer(200, aborted)
+            else:
+                self._answer(404, {"error": self.path})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            payload = json.loads(self.rfile.read(length) or b"null")
+            if self.path == "/generate":
+                if payload.get("fail"):
+                    self._answer(400, {"error": "asked to fail"})
+                    return
+                new_tokens = payload.get("sampling_params", {}).get("max_new_tokens", 1)
+                texts = payload.get("text")
+                if isinstance(texts, list):
+                    self._answer(200, [{"text": t.upper(), "meta_info": {
+                        "completion_tokens": new_tokens}} for t in texts])
+                else:
+                    self._answer(200, {"text": str(texts).upper(), "rid": payload.get("rid"),
+                                       "meta_info": {"completion_tokens": new_tokens}})
+            elif self.path == "/flush_cache":
+                self._answer(200, {})
+            elif self.path == "/abort_request":
+                aborted.append(payload["rid"])
+                self._answer(200, {})
+            else:
+                self._answer(404, {"error": self.path})
+
+    print("KV canary enabled: mode=log (fake)", flush=True)
+    http.server.ThreadingHTTPServer((options.host, options.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
