@@ -23,7 +23,7 @@ from sglang.jit_kernel.kv_canary.hashing import (
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")
-register_cuda_ci(est_time=5, suite="kv-canary-gpu")
+register_cuda_ci(est_time=15, suite="kv-canary-gpu")
 
 triton_hashing, _ = import_triton_modules()  # before the kernel below is decorated
 
@@ -129,9 +129,8 @@ def test_triton_forms_match_the_scalar_reference(device, num_words, word_chunk):
     words = torch.tensor(values, dtype=torch.int64)
     words = words.view(n, num_words)
     outputs = [torch.empty(n, dtype=torch.int64, device=device) for _ in range(3)]
-    _hash_kernel[(1,)](
-        tokens.to(device), positions.to(device), words.to(device), *outputs, n, num_words, word_chunk
-    )
+    inputs = (tokens.to(device), positions.to(device), words.to(device))
+    _hash_kernel[(1,)](*inputs, *outputs, n, num_words, word_chunk)
     mix, term, fingerprint = (out.tolist() for out in outputs)
     assert mix == _signed(mix64_scalar(t) for t in tokens.tolist())
     assert term == [chain_term_scalar(t, p) for t, p in zip(tokens.tolist(), positions.tolist())]

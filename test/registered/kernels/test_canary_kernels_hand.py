@@ -8,7 +8,6 @@ kernels run in Triton's interpreter on CPU and compiled on CUDA (``gpu`` variant
 import sys
 
 import pytest
-import torch
 
 from _canary_sim import (
     IMPLS,
@@ -39,8 +38,8 @@ from sglang.jit_kernel.kv_canary.hashing import (
 )
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
-register_cpu_ci(est_time=30, suite="kv-canary-cpu")
-register_cuda_ci(est_time=30, suite="kv-canary-gpu")
+register_cpu_ci(est_time=20, suite="kv-canary-cpu")
+register_cuda_ci(est_time=90, suite="kv-canary-gpu")
 
 pytestmark = pytest.mark.parametrize("impl, device", IMPLS)
 
@@ -49,7 +48,9 @@ TOKENS_A = [11, 12, 13, 14, 15, 16, 17, 18, 19]
 TOKENS_B = [21, 22, 23, 24, 25, 26, 27, 28, 29]
 
 
-def _counters(*, pre=0, post=0, step=None, verified_pre=0, verified_post=0, written=0, violations=0):
+def _counters(
+    *, pre=0, post=0, step=None, verified_pre=0, verified_post=0, written=0, violations=0
+):
     counters = [0] * (COUNTER_ENTRIES + len(CheckKind))
     counters[COUNTER_VIOLATIONS] = violations
     counters[COUNTER_STEP] = post if step is None else step
@@ -72,6 +73,13 @@ def _prefilled(impl, device, *, prompts, **sim_options):
         rows.append((index, prefill))
     sim.forward(launches, sim.extend_batch(rows))
     return sim, launches
+
+
+def _verify_row(kind, reasons, slot, position, token, chain, expected_chain, expected_token=-1):
+    """A verify violation row of request 1 in forward step 1."""
+    return Violation(
+        kind, reasons, 1, slot, position, token, expected_token, chain, expected_chain, 1
+    )
 
 
 def _chain(tokens, position):
@@ -235,10 +243,10 @@ def test_verify_chain(impl, device):
     _decode_once(sim, launches)
     chain2, chain3 = _chain(TOKENS_A, 2), _chain(TOKENS_A, 3)
     expected = []
-    for kind, step in ((PRE, 1), (POST, 1)):
+    for kind in (PRE, POST):
         expected += [
-            Violation(kind, Reason.VERIFY_CHAIN, 1, slots[2], 2, TOKENS_A[2], -1, chain2 + 1, chain2, step),
-            Violation(kind, Reason.VERIFY_CHAIN, 1, slots[3], 3, TOKENS_A[3], -1, chain3, chain3 + 1, step),
+            _verify_row(kind, Reason.VERIFY_CHAIN, slots[2], 2, TOKENS_A[2], chain2 + 1, chain2),
+            _verify_row(kind, Reason.VERIFY_CHAIN, slots[3], 3, TOKENS_A[3], chain3, chain3 + 1),
         ]
     assert sim.violations() == sorted(expected)
     assert sim.counters()[COUNTER_VIOLATIONS] == 4
@@ -254,8 +262,8 @@ def test_verify_position(impl, device):
     expected = []
     for kind in (PRE, POST):
         expected += [
-            Violation(kind, Reason.VERIFY_POSITION, 1, slots[2], 2, TOKENS_A[2], -1, chain2, chain2, 1),
-            Violation(kind, Reason.VERIFY_CHAIN, 1, slots[3], 3, TOKENS_A[3], -1, chain3, wrong_chain3, 1),
+            _verify_row(kind, Reason.VERIFY_POSITION, slots[2], 2, TOKENS_A[2], chain2, chain2),
+            _verify_row(kind, Reason.VERIFY_CHAIN, slots[3], 3, TOKENS_A[3], chain3, wrong_chain3),
         ]
     assert sim.violations() == sorted(expected)
 
@@ -272,8 +280,13 @@ def test_verify_token_against_the_token_pool(impl, device):
     expected = []
     for kind in (PRE, POST):
         expected += [
-            Violation(kind, Reason.VERIFY_TOKEN, 1, slots[2], 2, 77, TOKENS_A[2], chain2, chain2, 1),
-            Violation(kind, Reason.VERIFY_CHAIN, 1, slots[3], 3, TOKENS_A[3], TOKENS_A[3], chain3, wrong_chain3, 1),
+            _verify_row(
+                kind, Reason.VERIFY_TOKEN, slots[2], 2, 77, chain2, chain2, TOKENS_A[2]
+            ),
+            _verify_row(
+                kind, Reason.VERIFY_CHAIN, slots[3], 3, TOKENS_A[3], chain3, wrong_chain3,
+                TOKENS_A[3],
+            ),
         ]
     assert sim.violations() == sorted(expected)
 
@@ -368,7 +381,9 @@ def test_write_checks_cover_every_token_of_an_extend_chunk(impl, device):
     assert sim.violations() == sorted(
         [
             Violation(WRITE, Reason.WRITE_TOKEN, 1, slots[3], 3, 0, TOKENS_A[3], 3, 3, 0),
-            Violation(WRITE, Reason.WRITE_POSITION, 1, slots[4], 4, TOKENS_A[4], TOKENS_A[4], 0, 4, 0),
+            Violation(
+                WRITE, Reason.WRITE_POSITION, 1, slots[4], 4, TOKENS_A[4], TOKENS_A[4], 0, 4, 0
+            ),
         ]
     )
 
@@ -386,8 +401,10 @@ def test_pointer_into_another_history_is_detected_by_the_chain(impl, device):
     expected = []
     for kind in (PRE, POST):
         expected += [
-            Violation(kind, Reason.VERIFY_CHAIN, 1, slots_b[3], 3, TOKENS_B[3], -1, chain_b3, _chain(TOKENS_A, 3), 1),
-            Violation(kind, Reason.VERIFY_CHAIN, 1, slots_a[4], 4, TOKENS_A[4], -1, chain_a4, from_b, 1),
+            _verify_row(
+                kind, Reason.VERIFY_CHAIN, slots_b[3], 3, TOKENS_B[3], chain_b3, _chain(TOKENS_A, 3)
+            ),
+            _verify_row(kind, Reason.VERIFY_CHAIN, slots_a[4], 4, TOKENS_A[4], chain_a4, from_b),
         ]
     assert sim.violations() == sorted(expected)
 

@@ -3,49 +3,57 @@
 ``launch_pre_forward_verify`` (before ``model.forward``) and
 ``launch_post_forward_write_and_verify`` (after it) implement exactly the semantics written down
 in :mod:`.canary_kernels_ref` (the plain-torch reference, same signatures); tests compare the two
-exactly.
+exactly. Call both for every forward, also for an empty batch: the run counters are the health
+check's evidence, and the post launch stamps its violation rows with the step the pre launch
+counted (see the reference's docstring).
 
 Design
 ------
-Work planning happens inside the kernels, from the ForwardBatch tensors; there is no plan launch
-and no workspace. Each launch is one 1-D grid of ``num_programs`` programs, a number fixed by
-host-known sizes only (``bs`` from tensor shapes, ``max_context_len``, ``num_tokens``, the SM
-count), so a launch is CUDA-graph capturable and replays for any batch contents of that shape.
+Work planning happens inside the kernels, from the ForwardBatch tensors: there is no plan
+launch and no workspace. Each launch is one 1-D grid whose size is fixed by host-known sizes
+only (``bs`` from tensor shapes, ``max_context_len``, ``num_tokens``, the SM count: at most 4
+programs per SM), so a launch is CUDA-graph capturable and replays for any batch contents of
+that shape. Arguments that change from forward to forward (``bs``, ``num_tokens``, the grid) are
+not specialized on, so serving never recompiles; a new kernel variant is compiled only for a new
+power-of-two bucket of ``bs`` or a new option set (layout, real data, token checks).
 
-* Work items. Every program loads the batch rows' metadata (a ``BS_BLOCK`` vector, ``bs`` padded
-  to a power of two), derives each live row's verify length (its prefix) and write length (its
-  tokens this forward), turns them into tile counts and an inclusive prefix sum. The flat
-  sequence of (row, tile) items is then shared out round-robin: program ``p`` takes items
-  ``p, p + num_programs, ...``, the loop bound being a device value. An item finds its row with a
-  vector compare against the cumulative counts. Load balance therefore does not depend on how
-  prefix lengths are spread over rows: a batch of one 8k-token row is split over 8k / TILE
-  programs just as a batch of 64 such rows is split over 64 times as many items.
-* Verify tile (``TILE_V`` positions of one row). Lane ``pos`` loads ``req_to_token[rp, pos]``
-  and ``[rp, pos - 1]``, the slot's record and its predecessor's (a neighbouring lane's record,
-  so mostly an L1 hit), recomputes the expected chain value, optionally folds the slot's real K
-  words (a ``[TILE_V, WORD_CHUNK]`` tile per loop step) and the expected token, and ORs the
-  reason bits. Clean tiles touch no atomics.
-* Write tile (``TILE_W`` tokens of one row). The additive chain rule makes the chain value of a
-  row's ``k``-th new token ``seed + exclusive_prefix_sum(chain_term)``: inside a tile that is one
-  scan; the sum over the row's earlier tiles is recomputed by the tile's own program
-  with a ``SCAN_BLOCK``-wide loop (``chain_term`` is a handful of integer ops per token, so this
-  costs ``k / SCAN_BLOCK`` vector steps and needs no inter-program communication). A long
-  prefill chunk is thus written by ``chunk / TILE_W`` programs in parallel, never by one serial
-  thread per request. The seed comes from the record of ``req_to_token[rp, prefix_len - 1]``.
-* Violations. A tile with ``n`` failing lanes reserves ``n`` ring rows with one atomic add on
-  ``counters[COUNTER_VIOLATIONS]`` and places them at the reserved base plus the exclusive
+* Work items. Every program loads the batch rows' metadata (``bs`` padded to a power of two),
+  derives each live row's verify length (its prefix, clipped to ``max_context_len``) and write
+  length (its tokens this forward), and turns them into tile counts and their inclusive prefix
+  sum. The flat sequence of (row, tile) items is shared out round-robin: program ``p`` takes items
+  ``p, p + num_programs, ...`` up to a device-side bound; an item finds its row with one vector
+  compare against the prefix sum. Load balance therefore does not depend on how the prefixes
+  are spread over rows: one 8k-token row is split over 16 programs just as 64 such rows are
+  split over 1024 items.
+* Verify tile (512 prefix positions of one row; 64 when whole K rows are fingerprinted, to bound
+  registers). Lane ``pos`` loads ``req_to_token[rp, pos]`` and ``[rp, pos - 1]``, the slot's record
+  and its predecessor's (the neighbouring lane's, so mostly an L1 hit), recomputes the expected
+  chain value, optionally folds the slot's real K words (a ``[tile, 16]`` block per step) and
+  compares the expected token, and ORs the reason bits.
+* Write tile (512 tokens of one row; 16 for decode, where a row has one token). The additive
+  chain rule makes the chain value of a row's ``k``-th new token ``seed +
+  exclusive_prefix_sum(chain_term)``: inside the tile that is one scan; the sum over the row's
+  earlier tiles is recomputed by the tile's own program, 2048 tokens per vector step
+  (``chain_term`` is a few integer ops per token, and no program waits for another). An 8k-token
+  prefill chunk is thus written by 16 programs in parallel, never by one thread per request.
+  The seed comes from the record of ``req_to_token[rp, prefix_len - 1]`` (the anchor for an
+  empty prefix).
+* Violations. A tile with ``n > 0`` failing lanes reserves ``n`` ring rows with one atomic add
+  on ``counters[COUNTER_VIOLATIONS]`` and places them at the reserved base plus the exclusive
   prefix sum of its failure mask; rows at or past the ring's capacity are dropped while the
-  counter keeps counting. Each program adds its checked/written slot counts with one atomic add
-  per counter at its end; program 0 adds the per-launch run counters (and the step).
+  counter keeps counting. Clean tiles touch no atomics. Each program adds its checked and
+  written slot counts with one atomic add per counter at its end; program 0 adds the run
+  counters (and advances the step in the post launch).
 
-Everything is in-bounds by construction: indices read from the batch or from ``req_to_token``
-that fall outside their tensors are masked and read as zero (the reference documents the same
-rule), so a corrupt index becomes a reported violation, never a fault.
+Everything stays in bounds: indices read from the batch or from ``req_to_token`` that fall
+outside their tensors are masked and read as zero (the reference documents the same rule), so
+a corrupt index becomes a reported violation, never a memory fault.
 
-Memory traffic per verified slot is about 36 bytes (two int32 ``req_to_token`` entries, of which
-one is shared with the neighbouring lane, and one 32-byte record), plus 8 bytes per real-data
-word. A decode batch of 64 rows with 8k-token prefixes (512k slots) is therefore ~19 MB per
-launch, a few microseconds of HBM bandwidth on an H200.
+Memory traffic per verified slot is about 36 bytes (one int32 ``req_to_token`` entry; the
+predecessor's is the neighbouring lane's; one 32-byte record), plus 8 bytes per real-data word.
+A decode batch of 64 rows with 8k-token prefixes (512k slots) is about 19 MB per verify pass,
+a few microseconds of HBM bandwidth on an H200; ``benchmark/bench_canary_kernels.py`` measures
+it.
 """
 
 from __future__ import annotations
@@ -271,10 +279,8 @@ def _verify_prefixes(
     for item in range(pid, total, num_programs):
         row, tile = _locate(item, tile_counts, tile_ends, row_ids)
         rp = tl.load(req_pool_indices_ptr + row).to(tl.int64)
-        row_len = tl.minimum(
-            tl.maximum(_prefix_lens(seq_lens_ptr, extend_prefix_lens_ptr, row, row < bs, LAYOUT), 0),
-            rt_cols,
-        )
+        row_prefix = _prefix_lens(seq_lens_ptr, extend_prefix_lens_ptr, row, row < bs, LAYOUT)
+        row_len = tl.minimum(tl.maximum(row_prefix, 0), rt_cols)
         position = tile.to(tl.int64) * TILE + lanes
         in_tile = position < row_len
         slot = _req_to_token(req_to_token_ptr, rt_rows, rt_cols, rt_stride, rp, position, in_tile)
@@ -499,7 +505,9 @@ def _write_tokens(
 # ============================================================================= kernels
 
 
-@triton.jit
+# Arguments that change from forward to forward are not specialized on (no recompiles while
+# serving); pool sizes and strides are fixed per pool and keep Triton's specialization.
+@triton.jit(do_not_specialize=["bs", "num_programs"])
 def _pre_forward_verify_kernel(
     req_pool_indices_ptr,
     seq_lens_ptr,
@@ -572,7 +580,7 @@ def _pre_forward_verify_kernel(
         tl.atomic_add(counters_ptr + _RUNS_PRE, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bs", "num_tokens", "num_programs"])
 def _post_forward_write_and_verify_kernel(
     req_pool_indices_ptr,
     seq_lens_ptr,

@@ -15,15 +15,16 @@ outside the tensor; ``record(slot)`` is ``records[slot]``, read as all zeros out
 Corrupt indices therefore never fault: they read as empty data and fail the checks.
 
 Verify (``PRE_VERIFY`` before the forward, ``POST_VERIFY`` after it). For every live row and
-every ``pos`` in ``[0, prefix_len)`` with ``slot = rt(rp, pos) != 0``, with ``r = record(slot)``:
+every ``pos`` in ``[0, prefix_len)`` (clipped to ``[0, max_context_len)``) with
+``slot = rt(rp, pos) != 0``, with ``r = record(slot)``:
 
 - ``VERIFY_POSITION`` if ``r.position != pos``;
 - ``VERIFY_CHAIN`` if ``r.chain`` differs from ``CHAIN_ANCHOR`` (``pos == 0``) or from
   ``p.chain + chain_term(p.token, p.position)`` of ``p = record(rt(rp, pos - 1))``; not checked
   when that predecessor slot is 0 (the ring row then repeats ``r.chain`` as expected);
 - ``VERIFY_REAL_KV`` (real data on) if ``r.fingerprint`` differs from the slot's fingerprint;
-- ``VERIFY_TOKEN`` (token pool given) if ``pos < expected_token_valid_lens[b]`` and
-  ``r.token != expected_token_pool[rp, pos]``.
+- ``VERIFY_TOKEN`` (token pool given) if ``pos < expected_token_valid_lens[b]``, ``(rp, pos)``
+  lies inside the pool and ``r.token != expected_token_pool[rp, pos]``.
 
 Write (post launch only). For every live row, its ``k``-th token ``i`` of this forward (token
 ``b`` for ``DECODE``; ``extend_start_loc[b] + k`` for ``k < extend_seq_lens[b]`` for ``EXTEND``;
@@ -34,9 +35,10 @@ the row's tokens ``j`` before ``i`` (slot 0 or not), and ``seed`` is ``CHAIN_ANC
 ``prefix_len == 0`` or ``rt(rp, prefix_len - 1) == 0``, else ``p.chain + chain_term(p.token,
 p.position)`` of that predecessor's record. Checks: ``WRITE_POSITION`` if ``positions[i] !=
 prefix_len + k`` or (if given) ``!= expected_positions[i]``; ``WRITE_TOKEN`` if (given)
-``input_ids[i] != expected_input_ids[i]``. The record is written even when a check fails. The
-post launch verifies before it writes; the two sets are disjoint unless the batch itself is
-corrupt.
+``input_ids[i] != expected_input_ids[i]``. The record is written even when a check fails, and
+never outside ``[1, num_slots)`` (such a slot is still checked and counted). The post launch
+verifies before it writes; the two sets are disjoint unless the batch itself is corrupt (then the
+order of the overlapping reads and writes is undefined on a GPU).
 
 Violation rows (layout in :mod:`.consts`): one per failing (row, position) or written token,
 reasons OR-ed. Verify rows: stored/expected token (expected ``NO_EXPECTED_TOKEN`` when the token
@@ -53,9 +55,9 @@ launch on counters that started at zero.
 Ring and counters: row ``n`` of the launch-wide sequence goes to ``ring[counters[VIOLATIONS] +
 n]`` if that index is below capacity (else it is dropped) and ``counters[VIOLATIONS]`` grows by
 the number of rows either way. The pre launch adds 1 to ``KERNEL_RUNS + PRE_VERIFY`` and the
-verified slot count to ``ENTRIES + PRE_VERIFY``; the post launch adds 1 to ``KERNEL_RUNS`` and
-the verified / written slot counts to ``ENTRIES`` of ``POST_VERIFY`` and ``WRITE``, and 1 to
-``COUNTER_STEP``. Slots equal to 0 are never counted.
+verified slot count to ``ENTRIES + PRE_VERIFY``; the post launch adds 1 to ``KERNEL_RUNS`` of
+``POST_VERIFY`` and of ``WRITE``, the verified / written slot counts to ``ENTRIES`` of the same,
+and 1 to ``COUNTER_STEP``. Slots equal to 0 are never counted.
 """
 
 from __future__ import annotations

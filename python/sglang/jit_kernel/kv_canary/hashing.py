@@ -117,8 +117,8 @@ def chain_term_torch(token: torch.Tensor, position: torch.Tensor) -> torch.Tenso
     return logical_shift_right(mixed, 64 - CHAIN_TERM_BITS)
 
 
-def fingerprint_keys_torch(num_words: int, *, device: torch.device | str) -> torch.Tensor:
-    """Per-index keys ``mix64(i ^ FINGERPRINT_SALT)`` for ``i < num_words``: int64 ``[num_words]``."""
+def _fingerprint_keys_torch(num_words: int, *, device: torch.device | str) -> torch.Tensor:
+    """int64 ``[num_words]``: the per-index keys ``mix64(i ^ FINGERPRINT_SALT)``."""
     index = torch.arange(num_words, dtype=torch.int64, device=device)
     return mix64_torch(index ^ to_signed_i64(FINGERPRINT_SALT))
 
@@ -131,11 +131,11 @@ def fingerprint_torch(words: torch.Tensor) -> torch.Tensor:
     """
     if words.dtype != torch.int64:
         raise TypeError(f"fingerprint_torch expects int64 words, got {words.dtype}")
-    terms = mix64_torch(words ^ fingerprint_keys_torch(words.shape[-1], device=words.device))
-    return xor_reduce_last_dim(terms)
+    terms = mix64_torch(words ^ _fingerprint_keys_torch(words.shape[-1], device=words.device))
+    return _xor_reduce_last_dim(terms)
 
 
-def xor_reduce_last_dim(x: torch.Tensor) -> torch.Tensor:
+def _xor_reduce_last_dim(x: torch.Tensor) -> torch.Tensor:
     """XOR of the last dimension of an integer tensor (0 for an empty last dimension)."""
     if x.shape[-1] == 0:
         return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)

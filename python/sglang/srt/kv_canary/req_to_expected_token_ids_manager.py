@@ -32,7 +32,11 @@ pools. Ownership is the request object (held by weak reference) plus its retract
 the identities of its two token lists, so a retracted request, a request moved to another row,
 a row reused by a new request, or a history that was replaced or shrank is rewritten in full.
 Bookkeeping advances only when a snapshot is actually populated, so a snapshot that is never
-populated cannot leave a gap in the pool.
+populated cannot leave a gap in the pool. Assumption: while a request owns a row, its history
+only grows at the end, or is replaced or shortened as above. SGLang 0.5.12 edits a token in
+place only in ``Req._check_vocab_boundary_finish``, on the tokens just appended, before any
+snapshot can see them; an in-place edit of an already copied token would surface as a
+verify-token violation that ``FULL`` mode does not report.
 
 Streams: ``populate`` runs on the current stream and reuses one device staging buffer, so call
 it for one pool from one stream (the forward stream) only.

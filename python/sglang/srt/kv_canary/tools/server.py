@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -125,11 +126,29 @@ class ServerLaunch:
                                  inherit_canary_env=self.inherit_canary_env)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now."""
+# SGLang derives more ports from --port (its gRPC port is --port + 10000 and must stay below
+# 65536, and a few more follow --port), so candidates come from a range that leaves room above.
+_PORT_RANGE = range(20000, 45000)
+_DERIVED_PORT_OFFSETS = (0, 1, 2, 10000)
+
+
+def _is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now, together with the ports SGLang derives from it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(_PORT_RANGE)
+        if all(_is_free(port + offset) for offset in _DERIVED_PORT_OFFSETS):
+            return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE} (with +{_DERIVED_PORT_OFFSETS}) on {HOST}")
 
 
 def _live_group_members(pgid: int) -> list[int]:
