@@ -28,7 +28,6 @@ from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (
     launch_scatter_req_token_ids_kernel,
     scatter_req_token_ids_torch_reference,
 )
-from sglang.srt.kv_canary import req_to_expected_token_ids_manager as manager
 from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (
     ReqToVerifyExpectedTokens,
     TokenHistorySyncMode,
@@ -58,6 +57,8 @@ def _measure_host(
     pool = ReqToVerifyExpectedTokens(
         num_rows=num_requests + 1, max_context_len=history + steps + 8, device=device,
         sync_mode=mode,
+        # See the module docstring: on a CPU time the host work, not a CPU Triton interpreter.
+        scatter=launch_scatter_req_token_ids_kernel if device == "cuda" else _no_scatter,
     )
     reqs = [_new_request(rng, i, history, row=i + 1) for i in range(num_requests)]
     next_rid = num_requests
@@ -85,6 +86,10 @@ def _measure_host(
         "populate_ms": statistics.median(populate_ms),
         "tokens": statistics.median(tokens),
     }
+
+
+def _no_scatter(**_: object) -> None:
+    return None
 
 
 def _host_report(*, num_requests: int, history: int, steps: int, device: str) -> None:
@@ -168,8 +173,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
-    if not cuda:  # see the module docstring: time the host work, not a CPU Triton interpreter
-        manager.launch_scatter_req_token_ids_kernel = lambda **_: None
     _host_report(num_requests=args.requests, history=args.history, steps=args.steps,
                  device="cuda" if cuda else "cpu")
     if cuda:

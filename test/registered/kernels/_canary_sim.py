@@ -321,8 +321,11 @@ class KvSim:
             for rp, request in self.requests.items():
                 known = request.tokens[: pool.shape[1]]
                 pool[rp, : len(known)] = torch.tensor(known, dtype=torch.int32)
-            valid_lens = i64(
-                [len(self.requests[e.rp].tokens) if e.rp else 0 for e in entries]
+            valid_lens = i64(  # indexed by pool row: the history's known length
+                [
+                    len(self.requests[rp].tokens) if rp in self.requests else 0
+                    for rp in range(pool.shape[0])
+                ]
             )
         extend = layout is BatchLayout.EXTEND
         return CanaryBatchView(

@@ -70,7 +70,9 @@ def test_valid_views_and_states_build():
     words = torch.zeros(16, 8, dtype=torch.int64)
     assert _state(real_kv_words=words, real_kv_num_words=2).num_slots == 16
     pool = torch.zeros(4, 8, dtype=torch.int32)
-    _decode(expected_token_pool=pool, expected_token_valid_lens=_i64(3, 0))
+    _decode(expected_token_pool=pool, expected_token_valid_lens=_i64(0, 3, 0, 5))
+    _decode(expected_token_pool=pool, expected_token_valid_lens=_i64(0, 3, 0, 5),
+            verify_token=False)  # the history serves the write-input assert only
     _decode(expected_input_ids=_i64(7, 0))  # each write-input expectation is optional
 
 
@@ -107,6 +109,15 @@ def test_bad_fields_are_named(build, field, value, error, message):
 def test_token_pool_needs_its_valid_lengths():
     with pytest.raises(ValueError, match="together or not at all"):
         _decode(expected_token_pool=torch.zeros(4, 8, dtype=torch.int32))
+
+
+def test_token_valid_lengths_are_indexed_by_pool_row():
+    pool = torch.zeros(4, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"expected_token_valid_lens must have shape \[4\]"):
+        _decode(expected_token_pool=pool, expected_token_valid_lens=_i64(3, 0))  # [bs]: old
+    with pytest.raises(TypeError, match="verify_token must be a bool"):
+        _decode(expected_token_pool=pool, expected_token_valid_lens=_i64(0, 3, 0, 5),
+                verify_token=1)
 
 
 def test_real_kv_words_must_cover_the_folded_words_with_contiguous_rows():

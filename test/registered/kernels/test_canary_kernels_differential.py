@@ -36,6 +36,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     FIELD_FINGERPRINT,
     FIELD_POSITION,
     FIELD_TOKEN,
+    NO_EXPECTED_TOKEN,
 )
 from sglang.jit_kernel.kv_canary.hashing import fingerprint_torch
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
@@ -62,6 +63,8 @@ FAULT_KINDS = (
     "position",
     "expected_input_id",
     "expected_position",
+    "expected_input_id_unknown",
+    "expected_position_unknown",
     "position_and_expectation",
     "pool_token",
     "valid_len",
@@ -97,6 +100,8 @@ class CaseSpec:
     expected_inputs: bool
     rows: tuple[RowSpec, ...]
     faults: tuple[Fault, ...]
+    verify_token: bool = True  # with the token pool: verify tokens, or only write fallbacks
+    predicted: bool = True  # expected input ids given (else all NO_EXPECTED_TOKEN, as in prompts)
 
 
 # ----------------------------------------------------------------------------- generation
@@ -131,6 +136,8 @@ def random_case(seed: int, *, max_prefix: int, max_chunk: int) -> CaseSpec:
         expected_inputs=rng.random() < 0.5,
         rows=tuple(rows),
         faults=faults,
+        verify_token=rng.random() < 0.8,
+        predicted=rng.random() < 0.7,
     )
 
 
@@ -204,6 +211,9 @@ def realize(spec: CaseSpec, device: str):
         batch = sim.decode_batch(batch_rows, **options)
     else:
         batch = sim.extend_batch(batch_rows, **options)
+    batch = dataclasses.replace(batch, verify_token=spec.verify_token)
+    if batch.expected_input_ids is not None and not spec.predicted:
+        batch.expected_input_ids.fill_(NO_EXPECTED_TOKEN)
     for fault in spec.faults:
         _apply_fault(sim, spec, batch, live_rows, fault)
     return sim, batch
@@ -250,7 +260,7 @@ def _apply_fault(sim, spec, batch, live_rows, fault: Fault) -> None:
     elif kind == "pool_token" and batch.expected_token_pool is not None:
         batch.expected_token_pool[rp, pos] = fault.value % 50_000
     elif kind == "valid_len" and batch.expected_token_valid_lens is not None:
-        batch.expected_token_valid_lens[batch_row] = fault.value % (row.prefix_len + 2)
+        batch.expected_token_valid_lens[rp] = fault.value % (row.prefix_len + row.new_tokens + 2)
     elif kind == "prefix_shorter" and row.prefix_len:
         if spec.layout is BatchLayout.DECODE:
             batch.seq_lens[batch_row] -= 1
@@ -266,6 +276,11 @@ def _apply_fault(sim, spec, batch, live_rows, fault: Fault) -> None:
         batch.expected_input_ids[token] += 1
     elif kind == "expected_position" and batch.expected_positions is not None:
         batch.expected_positions[token] -= 1
+    elif kind == "expected_input_id_unknown" and batch.expected_input_ids is not None:
+        batch.expected_input_ids[token] = NO_EXPECTED_TOKEN  # the history fallback decides
+        batch.input_ids[token] ^= fault.value & 1
+    elif kind == "expected_position_unknown" and batch.expected_positions is not None:
+        batch.expected_positions[token] = NO_EXPECTED_TOKEN
     elif kind == "position_and_expectation" and batch.expected_positions is not None:
         batch.positions[token] += 2
         batch.expected_positions[token] += 2
@@ -341,6 +356,8 @@ def shrink_candidates(spec: CaseSpec):
         ("real_kv_num_words", 0),
         ("token_pool", False),
         ("expected_inputs", False),
+        ("verify_token", True),
+        ("predicted", True),
         ("page_size", 1),
     ):
         if getattr(spec, option) != simpler:

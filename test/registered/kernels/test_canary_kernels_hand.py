@@ -5,6 +5,7 @@ ring rows), so each case pins the contract itself, not only kernel == reference.
 kernels run in Triton's interpreter on CPU and compiled on CUDA (``gpu`` variants).
 """
 
+import dataclasses
 import sys
 
 import pytest
@@ -273,7 +274,7 @@ def test_verify_token_against_the_token_pool(impl, device):
     slots = sim.requests[1].slots
     sim.state.records[slots[2], FIELD_TOKEN] = 77  # the slot claims another token
     batch = sim.decode_batch([1], token_pool=True)
-    batch.expected_token_valid_lens[0] = 5  # positions >= 5 are not known: not token-checked
+    batch.expected_token_valid_lens[1] = 5  # positions >= 5 are not known: not token-checked
     sim.forward(launches, batch)
     chain2, chain3 = _chain(TOKENS_A, 2), _chain(TOKENS_A, 3)
     wrong_chain3 = to_signed_i64(chain2 + chain_term_scalar(77, 2))
@@ -295,7 +296,7 @@ def test_verify_token_skips_positions_past_the_valid_length(impl, device):
     sim, launches = _prefilled(impl, device, prompts=[(TOKENS_A, 6)])
     batch = sim.decode_batch([1], token_pool=True)
     batch.expected_token_pool[1, 3:] = 0  # a wrong history, but only known up to position 3
-    batch.expected_token_valid_lens[0] = 3
+    batch.expected_token_valid_lens[1] = 3  # indexed by pool row
     sim.forward(launches, batch)
     assert sim.violations() == []
 
@@ -386,6 +387,108 @@ def test_write_checks_cover_every_token_of_an_extend_chunk(impl, device):
             ),
         ]
     )
+
+
+# ----------------------------------------------------------------------------- token history
+
+
+def _unpredicted(batch):
+    """The batch with no given token expectation (as the oracle leaves prompt tokens)."""
+    batch.expected_input_ids.fill_(NO_EXPECTED_TOKEN)
+    return batch
+
+
+def test_write_token_falls_back_to_the_history_where_nothing_is_predicted(impl, device):
+    sim = KvSim(device=device)
+    launches = canary_impl(impl)
+    sim.add_request(1, TOKENS_A)
+    batch = _unpredicted(sim.extend_batch([(1, 5)], token_pool=True, expected_inputs=True))
+    batch.input_ids[3] = 0  # the model consumes a token the request does not have
+    sim.forward(launches, batch)
+    slot = sim.requests[1].slots[3]
+    assert sim.violations() == [
+        Violation(WRITE, Reason.WRITE_TOKEN, 1, slot, 3, 0, TOKENS_A[3], 3, 3, 0)
+    ]
+
+
+def test_without_history_an_unpredicted_token_is_not_checked(impl, device):
+    sim = KvSim(device=device)
+    launches = canary_impl(impl)
+    sim.add_request(1, TOKENS_A)
+    batch = _unpredicted(sim.extend_batch([(1, 5)], expected_inputs=True))
+    batch.input_ids[3] = 0
+    sim.forward(launches, batch)
+    assert sim.violations() == []
+
+
+def test_history_fallback_skips_positions_the_history_does_not_know(impl, device):
+    sim = KvSim(device=device)
+    launches = canary_impl(impl)
+    sim.add_request(1, TOKENS_A)
+    batch = _unpredicted(sim.extend_batch([(1, 5)], token_pool=True, expected_inputs=True))
+    batch.expected_token_valid_lens[1] = 3  # known up to position 3 (pool row 1)
+    batch.input_ids[3] = 0
+    batch.input_ids[2] = 0
+    sim.forward(launches, batch)
+    slot = sim.requests[1].slots[2]
+    assert sim.violations() == [
+        Violation(WRITE, Reason.WRITE_TOKEN, 1, slot, 2, 0, TOKENS_A[2], 2, 2, 0)
+    ]
+
+
+def test_a_given_expectation_wins_over_the_history(impl, device):
+    sim, launches = _prefilled(impl, device, prompts=[(TOKENS_A, 6)])
+    batch = sim.decode_batch([1], token_pool=True, expected_inputs=True)
+    batch.expected_input_ids[0] = 5  # the oracle's token differs from the history's
+    sim.forward(launches, batch)
+    slot = sim.requests[1].slots[6]
+    assert sim.violations() == [
+        Violation(WRITE, Reason.WRITE_TOKEN, 1, slot, 6, TOKENS_A[6], 5, 6, 6, 1)
+    ]
+
+
+def test_no_expected_position_is_no_expectation(impl, device):
+    sim, launches = _prefilled(impl, device, prompts=[(TOKENS_A, 6)])
+    batch = sim.decode_batch([1], expected_inputs=True)
+    batch.expected_positions[0] = NO_EXPECTED_TOKEN
+    sim.forward(launches, batch)
+    assert sim.violations() == []
+
+
+def test_the_history_alone_does_not_verify_tokens_when_verify_token_is_off(impl, device):
+    sim, launches = _prefilled(impl, device, prompts=[(TOKENS_A, 6)])
+    batch = sim.decode_batch([1], token_pool=True, expected_inputs=True)
+    batch = dataclasses.replace(batch, verify_token=False)
+    batch.expected_token_pool[1, 2] = 77  # the slot's token differs from the history
+    sim.forward(launches, batch)
+    assert sim.violations() == []
+    batch = sim.decode_batch([1], token_pool=True, expected_inputs=True)
+    batch.expected_token_pool[1, 2] = 77
+    sim.forward(launches, batch)
+    slot = sim.requests[1].slots[2]
+    chain2 = _chain(TOKENS_A, 2)
+    assert sim.violations() == sorted(
+        Violation(kind, Reason.VERIFY_TOKEN, 1, slot, 2, TOKENS_A[2], 77, chain2, chain2, 2)
+        for kind in (PRE, POST)
+    )
+
+
+def test_valid_lengths_are_read_by_pool_row(impl, device):
+    """Rows 1 and 3 in the batch as batch rows 0 and 1: row 3's length governs row 3."""
+    sim, launches = _prefilled(impl, device, prompts=[(TOKENS_A, 6), (TOKENS_B, 3),
+                                                      (TOKENS_B, 6)])
+    batch = sim.decode_batch([1, 3], token_pool=True)
+    batch.expected_token_pool[3, 4] = 99
+    batch.expected_token_valid_lens[3] = 4  # position 4 of row 3 is not known yet
+    batch.expected_token_valid_lens[2] = 0  # a row outside the batch: irrelevant
+    sim.forward(launches, batch)
+    assert sim.violations() == []
+    batch = sim.decode_batch([1, 3], token_pool=True)
+    batch.expected_token_pool[3, 4] = 99
+    sim.forward(launches, batch)
+    assert {(v.req_pool_index, v.position, v.reasons) for v in sim.violations()} == {
+        (3, 4, Reason.VERIFY_TOKEN)
+    }
 
 
 # ----------------------------------------------------------------------------- mapping faults

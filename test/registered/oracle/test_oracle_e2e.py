@@ -271,6 +271,10 @@ def test_next_token_swap_changes_exactly_the_predicted_tokens(canary_server,
                 continue
             other_room = ours[other].bootstrap_room if other in ours else None
             index = int(position) - len(ours[rid].prompt)
+            if index >= len(predicted[rid]):
+                # The overlap scheduler runs one more decode step for a request that has just
+                # finished; the token sampled there is discarded, so its swap changes no output.
+                continue
             predicted[rid][index] = _oracle(_generalized_id(other, other_room),
                                             int(other_position), vocab_size)
             swapped_here += 1

@@ -16,6 +16,10 @@ interpret_kernels_without_cuda()
 
 from _history_schedule import FakeReq, SimulatedSchedule  # noqa: E402
 
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (  # noqa: E402
+    launch_scatter_req_token_ids_kernel,
+    scatter_req_token_ids_torch_reference,
+)
 from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (  # noqa: E402
     FORWARD_BATCH_ATTRIBUTE,
     ReqToVerifyExpectedTokens,
@@ -159,12 +163,23 @@ def test_incremental_and_full_give_identical_pools_over_a_schedule() -> None:
     assert incremental_tokens * 3 < tokens_moved[TokenHistorySyncMode.FULL]
 
 
-def test_gather_valid_lens_maps_batch_rows_and_padding() -> None:
+def test_valid_lengths_are_kept_per_pool_row() -> None:
+    """The kernels read ``valid_lens_by_row[req_pool_indices[b]]``: no per-batch gather."""
     pool = _pool(TokenHistorySyncMode.INCREMENTAL)
     pool.populate(pool.snapshot([_req("a", [1, 2, 3], [], row=2), _req("b", [5], [6], row=4)]))
-    out = torch.full((5,), -1, dtype=torch.int64)
-    pool.gather_valid_lens(req_pool_indices=torch.tensor([4, 2, 0], dtype=torch.int32), out=out[:3])
-    assert out.tolist() == [2, 3, 0, -1, -1]
+    assert pool.valid_lens_by_row.tolist() == [0, 0, 3, 0, 2, 0]  # row 0 (padding) stays 0
+
+
+def test_the_torch_reference_scatter_can_stand_in_for_the_kernel() -> None:
+    for scatter in (scatter_req_token_ids_torch_reference, launch_scatter_req_token_ids_kernel):
+        pool = ReqToVerifyExpectedTokens(num_rows=4, max_context_len=8, device=_DEVICE,
+                                         scatter=scatter)
+        req = _req("a", [7, 8], [9], row=3)
+        pool.populate(pool.snapshot([req]))
+        req.output_ids.append(10)
+        pool.populate(pool.snapshot([req]))
+        assert pool.tokens[3, :5].tolist() == [7, 8, 9, 10, 0]
+        assert pool.valid_lens_by_row.tolist() == [0, 0, 0, 4]
 
 
 def test_attach_then_populate_through_the_forward_batch() -> None:

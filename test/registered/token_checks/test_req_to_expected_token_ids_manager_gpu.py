@@ -85,7 +85,9 @@ class _CapturedTokenCheck:
             self._check()
 
     def _check(self) -> None:
-        self.pool.gather_valid_lens(req_pool_indices=self.req_pool_indices, out=self.valid_lens)
+        # What the canary kernels do: read the valid length of each batch row's pool row.
+        torch.index_select(self.pool.valid_lens_by_row, 0, self.req_pool_indices,
+                           out=self.valid_lens)
         positions = self._position.numel()
         expected = self.pool.tokens.index_select(0, self.req_pool_indices)[:, :positions]
         compared = (self._position[None, :] < self.valid_lens[:, None]) & (

@@ -5,6 +5,8 @@ On a GPU machine the kernel is compiled and these CPU cases are skipped: the sam
 CUDA in ``test_scatter_req_token_ids_gpu.py``.
 """
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -57,6 +59,45 @@ def test_tokens_without_rows_are_rejected(scatter) -> None:
 @pytest.mark.parametrize("error_name", sorted(CONTRACT_ERRORS))
 def test_contract_errors_name_the_argument(error_name: str, scatter) -> None:
     check_contract_error(error_name, "cpu", scatter)
+
+
+_RUN_IN_FRESH_PROCESS = """
+import os, sys
+import torch
+{prelude}
+from sglang.jit_kernel.kv_canary import scatter_req_token_ids as scatter
+pool = torch.zeros((4, 8), dtype=torch.int32)
+lens = torch.zeros(4, dtype=torch.int64)
+args = dict(flat_in=torch.arange(5), offsets=torch.tensor([0, 2, 5]),
+            req_pool_indices=torch.tensor([1, 3]), pool_out=pool)
+try:
+    scatter.launch_scatter_req_token_ids_kernel(**args, history_lens_out=lens)
+except ValueError as error:
+    print("ValueError:", error)
+    sys.exit(0)
+print(pool[1, :2].tolist(), pool[3, :3].tolist(), lens.tolist())
+"""
+
+
+def _run_fresh(prelude: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_IN_FRESH_PROCESS.format(prelude=prelude)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_interprets_even_when_triton_was_imported_before_the_interpreter_was_chosen() -> None:
+    prelude = "import triton, triton.language\nos.environ['TRITON_INTERPRET'] = '1'"
+    assert _run_fresh(prelude) == "[0, 1] [2, 3, 4] [0, 2, 0, 3]"
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused_by_name() -> None:
+    output = _run_fresh("")
+    assert output.startswith("ValueError: launch_scatter_req_token_ids_kernel needs CUDA")
+    assert "TRITON_INTERPRET=1" in output
 
 
 if __name__ == "__main__":

@@ -37,6 +37,12 @@ class CanaryBatchView:
 
     A row with ``req_pool_indices[b] == 0`` is padding and is skipped entirely; a token whose
     ``out_cache_loc`` is 0 is not written. ``extend_*`` are given for ``EXTEND`` and only then.
+
+    Token checks: the write-input assert compares each written token with
+    ``expected_input_ids[i]``, or, where that is ``NO_EXPECTED_TOKEN`` and the history is given,
+    with the history's token at the token's position (``prefix_len + k``) when that position is
+    known; verify-token compares each verified slot with the history (see
+    :mod:`.canary_kernels_ref`).
     """
 
     layout: BatchLayout
@@ -48,13 +54,18 @@ class CanaryBatchView:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     out_cache_loc: torch.Tensor  # [num_tokens]; slot written for token i (0 = skip)
-    # Write-input assert (None = off): the expected input token / position of every token.
+    # Write-input assert (None = off): the expected input token / position of every token;
+    # NO_EXPECTED_TOKEN (-1) in an entry means "no expectation" for that token / position.
     expected_input_ids: torch.Tensor | None = None  # [num_tokens] int64
     expected_positions: torch.Tensor | None = None  # [num_tokens] int64
-    # Verify-token (None = off; both or neither): the expected token of (req pool row, position),
-    # checked for positions below the batch row's valid length.
+    # Token history (None = off; both or neither): the known token of (req pool row, position);
+    # positions >= expected_token_valid_lens[row] of a pool row are unknown. Indexed by POOL ROW
+    # (``req_pool_indices[b]``), so persistent tensors serve every forward, graph replays too.
     expected_token_pool: torch.Tensor | None = None  # int32 [req_pool_rows, max_context_len]
-    expected_token_valid_lens: torch.Tensor | None = None  # int64 [bs]
+    expected_token_valid_lens: torch.Tensor | None = None  # int64 [req_pool_rows]
+    # With the history: True compares every verified slot's stored token with it (VERIFY_TOKEN);
+    # False uses it only as the write-input assert's fallback expectation.
+    verify_token: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, BatchLayout):
@@ -89,8 +100,12 @@ class CanaryBatchView:
                 f"together or not at all (pool given: {has_pool})"
             )
         if has_pool:
-            _matrix(self, "expected_token_pool", torch.int32)
-            _vector(self, "expected_token_valid_lens", (torch.int64,), length=bs)
+            pool = _matrix(self, "expected_token_pool", torch.int32)
+            _vector(self, "expected_token_valid_lens", (torch.int64,), length=pool.shape[0])
+        if not isinstance(self.verify_token, bool):
+            raise TypeError(
+                f"CanaryBatchView.verify_token must be a bool, got {self.verify_token!r}"
+            )
         _same_device(self, self.req_pool_indices.device)
 
     @property

@@ -29,7 +29,9 @@ power-of-two bucket of ``bs`` or a new option set (layout, real data, token chec
   registers). Lane ``pos`` loads ``req_to_token[rp, pos]`` and ``[rp, pos - 1]``, the slot's record
   and its predecessor's (the neighbouring lane's, so mostly an L1 hit), recomputes the expected
   chain value, optionally folds the slot's real K words (a ``[tile, 16]`` block per step) and
-  compares the expected token, and ORs the reason bits.
+  compares the slot's token with the token history's ``pool[rp, pos]`` (below the history's
+  known length of pool row ``rp``: persistent per-pool-row tensors, so a replayed graph checks
+  tokens as an eager forward does), and ORs the reason bits.
 * Write tile (512 tokens of one row; 16 for decode, where a row has one token). The additive
   chain rule makes the chain value of a row's ``k``-th new token ``seed +
   exclusive_prefix_sum(chain_term)``: inside the tile that is one scan; the sum over the row's
@@ -37,7 +39,9 @@ power-of-two bucket of ``bs`` or a new option set (layout, real data, token chec
   (``chain_term`` is a few integer ops per token, and no program waits for another). An 8k-token
   prefill chunk is thus written by 16 programs in parallel, never by one thread per request.
   The seed comes from the record of ``req_to_token[rp, prefix_len - 1]`` (the anchor for an
-  empty prefix).
+  empty prefix). The write-input assert runs in the same lanes: a token without a given
+  expectation (a prompt token the oracle does not predict) is compared with the token history
+  at its position, so extend rows are checked against the request, not against themselves.
 * Violations. A tile with ``n > 0`` failing lanes reserves ``n`` ring rows with one atomic add
   on ``counters[COUNTER_VIOLATIONS]`` and places them at the reserved base plus the exclusive
   prefix sum of its failure mask; rows at or past the ring's capacity are dropped while the
@@ -221,6 +225,15 @@ def _load_record_field(records_ptr, slot, mask, FIELD: tl.constexpr):
 
 
 @triton.jit
+def _known_history_len(valid_lens_ptr, token_pool_rows, token_pool_cols, rp):
+    """int64 number of leading positions of pool row ``rp`` whose token the history knows
+    (``valid_lens[rp]`` clipped to the pool's width; 0 for a row outside the pool)."""
+    inside = (rp >= 0) & (rp < token_pool_rows)
+    known = tl.load(valid_lens_ptr + rp, mask=inside, other=0).to(tl.int64)
+    return tl.minimum(known, token_pool_cols)
+
+
+@triton.jit
 def _req_to_token(req_to_token_ptr, rt_rows, rt_cols, rt_stride, req_pool_index, position, mask):
     """int64 ``req_to_token[rp, position]``; 0 where masked or outside the tensor."""
     inside = mask & (req_pool_index >= 0) & (req_pool_index < rt_rows)
@@ -259,7 +272,7 @@ def _verify_prefixes(
     kv_rows,
     kv_stride,
     LAYOUT: tl.constexpr,
-    HAS_TOKEN_POOL: tl.constexpr,
+    VERIFY_TOKEN: tl.constexpr,
     NUM_WORDS: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
     BS_BLOCK: tl.constexpr,
@@ -314,10 +327,9 @@ def _verify_prefixes(
             )
             reasons |= tl.where(stored_fingerprint != fingerprint, _VERIFY_REAL_KV, 0)
         expected_token = tl.full([TILE], _NO_EXPECTED_TOKEN, dtype=tl.int64)
-        if HAS_TOKEN_POOL:
-            valid_len = tl.load(valid_lens_ptr + row).to(tl.int64)
-            token_checked = active & (position < valid_len) & (position < token_pool_cols)
-            token_checked = token_checked & (rp >= 0) & (rp < token_pool_rows)
+        if VERIFY_TOKEN:
+            known_len = _known_history_len(valid_lens_ptr, token_pool_rows, token_pool_cols, rp)
+            token_checked = active & (position < known_len)
             pooled = tl.load(
                 token_pool_ptr + rp * token_pool_stride + position, mask=token_checked, other=0
             )
@@ -385,6 +397,11 @@ def _write_tokens(
     num_tokens,
     expected_input_ids_ptr,
     expected_positions_ptr,
+    token_pool_ptr,
+    token_pool_rows,
+    token_pool_cols,
+    token_pool_stride,
+    valid_lens_ptr,
     records_ptr,
     num_slots,
     req_to_token_ptr,
@@ -400,6 +417,7 @@ def _write_tokens(
     LAYOUT: tl.constexpr,
     HAS_EXPECTED_INPUT_IDS: tl.constexpr,
     HAS_EXPECTED_POSITIONS: tl.constexpr,
+    HISTORY_FALLBACK: tl.constexpr,
     NUM_WORDS: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
     BS_BLOCK: tl.constexpr,
@@ -474,14 +492,37 @@ def _write_tokens(
         position_bad = position != expected_position
         reported_position = expected_position
         if HAS_EXPECTED_POSITIONS:
-            given_position = tl.load(expected_positions_ptr + token_index, mask=valid, other=0)
-            reported_position = tl.where(position_bad, expected_position, given_position)
-            position_bad |= position != given_position
+            given_position = tl.load(
+                expected_positions_ptr + token_index, mask=valid, other=_NO_EXPECTED_TOKEN
+            ).to(tl.int64)
+            given_bad = (given_position != _NO_EXPECTED_TOKEN) & (position != given_position)
+            # The expectation that failed: the prefix rule first, then the given one.
+            reported_position = tl.where(given_bad, given_position, expected_position)
+            reported_position = tl.where(position_bad, expected_position, reported_position)
+            position_bad |= given_bad
         reasons = tl.where(position_bad, _WRITE_POSITION, 0)
         expected_token = tl.full([TILE], _NO_EXPECTED_TOKEN, dtype=tl.int64)
         if HAS_EXPECTED_INPUT_IDS:
-            expected_token = tl.load(expected_input_ids_ptr + token_index, mask=valid, other=0)
-            reasons |= tl.where(token != expected_token, _WRITE_TOKEN, 0)
+            expected_token = tl.load(
+                expected_input_ids_ptr + token_index, mask=valid, other=_NO_EXPECTED_TOKEN
+            ).to(tl.int64)
+            if HISTORY_FALLBACK:
+                # No expectation given (the oracle predicts no prompt token): the token the
+                # request's history has at this position, where the history knows it.
+                known_len = _known_history_len(
+                    valid_lens_ptr, token_pool_rows, token_pool_cols, rp
+                )
+                from_history = (expected_token == _NO_EXPECTED_TOKEN) & valid
+                from_history = from_history & (expected_position >= 0)
+                from_history = from_history & (expected_position < known_len)
+                history = tl.load(
+                    token_pool_ptr + rp * token_pool_stride + expected_position,
+                    mask=from_history,
+                    other=0,
+                )
+                expected_token = tl.where(from_history, history.to(tl.int64), expected_token)
+            token_bad = (expected_token != _NO_EXPECTED_TOKEN) & (token != expected_token)
+            reasons |= tl.where(token_bad, _WRITE_TOKEN, 0)
 
         _append_violations(
             ring_ptr,
@@ -532,7 +573,7 @@ def _pre_forward_verify_kernel(
     kv_stride,
     num_programs,
     LAYOUT: tl.constexpr,
-    HAS_TOKEN_POOL: tl.constexpr,
+    VERIFY_TOKEN: tl.constexpr,
     NUM_WORDS: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
     BS_BLOCK: tl.constexpr,
@@ -568,7 +609,7 @@ def _pre_forward_verify_kernel(
         kv_rows,
         kv_stride,
         LAYOUT,
-        HAS_TOKEN_POOL,
+        VERIFY_TOKEN,
         NUM_WORDS,
         WORD_CHUNK,
         BS_BLOCK,
@@ -613,9 +654,10 @@ def _post_forward_write_and_verify_kernel(
     kv_stride,
     num_programs,
     LAYOUT: tl.constexpr,
-    HAS_TOKEN_POOL: tl.constexpr,
+    VERIFY_TOKEN: tl.constexpr,
     HAS_EXPECTED_INPUT_IDS: tl.constexpr,
     HAS_EXPECTED_POSITIONS: tl.constexpr,
+    HISTORY_FALLBACK: tl.constexpr,
     NUM_WORDS: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
     BS_BLOCK: tl.constexpr,
@@ -654,7 +696,7 @@ def _post_forward_write_and_verify_kernel(
         kv_rows,
         kv_stride,
         LAYOUT,
-        HAS_TOKEN_POOL,
+        VERIFY_TOKEN,
         NUM_WORDS,
         WORD_CHUNK,
         BS_BLOCK,
@@ -676,6 +718,11 @@ def _post_forward_write_and_verify_kernel(
         num_tokens,
         expected_input_ids_ptr,
         expected_positions_ptr,
+        token_pool_ptr,
+        token_pool_rows,
+        token_pool_cols,
+        token_pool_stride,
+        valid_lens_ptr,
         records_ptr,
         num_slots,
         req_to_token_ptr,
@@ -691,6 +738,7 @@ def _post_forward_write_and_verify_kernel(
         LAYOUT,
         HAS_EXPECTED_INPUT_IDS,
         HAS_EXPECTED_POSITIONS,
+        HISTORY_FALLBACK,
         NUM_WORDS,
         WORD_CHUNK,
         BS_BLOCK,
@@ -736,7 +784,7 @@ def launch_pre_forward_verify(*, state: CanaryDeviceState, batch: CanaryBatchVie
         *_real_kv_args(state),
         plan.num_programs_pre,
         LAYOUT=int(batch.layout),
-        HAS_TOKEN_POOL=batch.expected_token_pool is not None,
+        VERIFY_TOKEN=_verifies_tokens(batch),
         NUM_WORDS=state.real_kv_num_words,
         WORD_CHUNK=plan.word_chunk,
         BS_BLOCK=plan.bs_block,
@@ -781,9 +829,12 @@ def launch_post_forward_write_and_verify(
         *_real_kv_args(state),
         plan.num_programs_post,
         LAYOUT=int(batch.layout),
-        HAS_TOKEN_POOL=batch.expected_token_pool is not None,
+        VERIFY_TOKEN=_verifies_tokens(batch),
         HAS_EXPECTED_INPUT_IDS=batch.expected_input_ids is not None,
         HAS_EXPECTED_POSITIONS=batch.expected_positions is not None,
+        HISTORY_FALLBACK=(
+            batch.expected_input_ids is not None and batch.expected_token_pool is not None
+        ),
         NUM_WORDS=state.real_kv_num_words,
         WORD_CHUNK=plan.word_chunk,
         BS_BLOCK=plan.bs_block,
@@ -868,6 +919,10 @@ def _max_programs(device: torch.device) -> int:
 def _or(tensor: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
     """``tensor``, or a never-read placeholder where the kernel's constexpr flag is off."""
     return placeholder if tensor is None else tensor
+
+
+def _verifies_tokens(batch: CanaryBatchView) -> bool:
+    return batch.expected_token_pool is not None and batch.verify_token
 
 
 def _token_pool_args(batch: CanaryBatchView) -> tuple:

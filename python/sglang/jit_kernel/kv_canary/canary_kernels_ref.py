@@ -23,8 +23,10 @@ every ``pos`` in ``[0, prefix_len)`` (clipped to ``[0, max_context_len)``) with
   ``p.chain + chain_term(p.token, p.position)`` of ``p = record(rt(rp, pos - 1))``; not checked
   when that predecessor slot is 0 (the ring row then repeats ``r.chain`` as expected);
 - ``VERIFY_REAL_KV`` (real data on) if ``r.fingerprint`` differs from the slot's fingerprint;
-- ``VERIFY_TOKEN`` (token pool given) if ``pos < expected_token_valid_lens[b]``, ``(rp, pos)``
-  lies inside the pool and ``r.token != expected_token_pool[rp, pos]``.
+- ``VERIFY_TOKEN`` (token history given and ``verify_token``) if ``pos < known_len(rp)`` and
+  ``r.token != expected_token_pool[rp, pos]``, where ``known_len(rp)`` is
+  ``expected_token_valid_lens[rp]`` (indexed by *pool row*) clipped to the pool's width, and 0
+  for a row outside the pool.
 
 Write (post launch only). For every live row, its ``k``-th token ``i`` of this forward (token
 ``b`` for ``DECODE``; ``extend_start_loc[b] + k`` for ``k < extend_seq_lens[b]`` for ``EXTEND``;
@@ -34,8 +36,12 @@ fingerprint or 0)``, where ``chain_k = seed + sum(chain_term(input_ids[j], posit
 the row's tokens ``j`` before ``i`` (slot 0 or not), and ``seed`` is ``CHAIN_ANCHOR`` when
 ``prefix_len == 0`` or ``rt(rp, prefix_len - 1) == 0``, else ``p.chain + chain_term(p.token,
 p.position)`` of that predecessor's record. Checks: ``WRITE_POSITION`` if ``positions[i] !=
-prefix_len + k`` or (if given) ``!= expected_positions[i]``; ``WRITE_TOKEN`` if (given)
-``input_ids[i] != expected_input_ids[i]``. The record is written even when a check fails, and
+prefix_len + k`` or (if given and not ``NO_EXPECTED_TOKEN``) ``!= expected_positions[i]``;
+``WRITE_TOKEN`` (``expected_input_ids`` given) if the token's expectation ``e`` is not
+``NO_EXPECTED_TOKEN`` and ``input_ids[i] != e``, where ``e = expected_input_ids[i]``, or, where
+that is ``NO_EXPECTED_TOKEN`` and the token history is given, ``expected_token_pool[rp,
+prefix_len + k]`` when ``0 <= prefix_len + k < known_len(rp)`` (history fallback: prompt tokens
+are checked against the request's history). The record is written even when a check fails, and
 never outside ``[1, num_slots)`` (such a slot is still checked and counted). The post launch
 verifies before it writes; the two sets are disjoint unless the batch itself is corrupt (then the
 order of the overlapping reads and writes is undefined on a GPU).
@@ -43,7 +49,7 @@ order of the overlapping reads and writes is undefined on a GPU).
 Violation rows (layout in :mod:`.consts`): one per failing (row, position) or written token,
 reasons OR-ed. Verify rows: stored/expected token (expected ``NO_EXPECTED_TOKEN`` when the token
 is not checked) and stored/expected chain. Write rows: ``ROW_POSITION = prefix_len + k``, stored
-token ``input_ids[i]``, expected ``expected_input_ids[i]`` or ``NO_EXPECTED_TOKEN``,
+token ``input_ids[i]``, expected ``e`` (``NO_EXPECTED_TOKEN`` when there is none),
 ``ROW_STORED_CHAIN = positions[i]`` and ``ROW_EXPECTED_CHAIN`` = the position expectation that
 failed (``prefix_len + k`` first, else ``expected_positions[i]``; ``prefix_len + k`` when none
 failed). ``ROW_STEP`` is the forward's step index ``S``: ``counters[COUNTER_STEP]`` as the pre
@@ -211,15 +217,11 @@ def _verify_prefixes(
             mismatch = stored[:, FIELD_FINGERPRINT] != _fingerprints(state, slots)
             reasons |= mismatch * int(Reason.VERIFY_REAL_KV)
         expected_token = torch.full_like(positions, NO_EXPECTED_TOKEN)
-        if batch.expected_token_pool is not None:
-            pool = batch.expected_token_pool
-            valid_len = int(batch.expected_token_valid_lens[b])
-            checkable = (positions < valid_len) & (positions < pool.shape[1])
-            if 0 <= rp < pool.shape[0]:
-                pooled = pool[rp, positions.clamp(0, pool.shape[1] - 1)].to(torch.int64)
-                expected_token = torch.where(checkable, pooled, NO_EXPECTED_TOKEN)
-                token_bad = checkable & (stored[:, FIELD_TOKEN] != expected_token)
-                reasons |= token_bad * int(Reason.VERIFY_TOKEN)
+        if batch.expected_token_pool is not None and batch.verify_token:
+            history, known = _history_tokens(batch, rp, positions)
+            expected_token = torch.where(known, history, NO_EXPECTED_TOKEN)
+            token_bad = known & (stored[:, FIELD_TOKEN] != history)
+            reasons |= token_bad * int(Reason.VERIFY_TOKEN)
         for n in torch.nonzero(reasons).flatten().tolist():
             rows.append(
                 [
@@ -280,14 +282,22 @@ def _write_tokens(
         position_bad = positions != expected_positions
         reported_positions = expected_positions
         if batch.expected_positions is not None:
-            given = batch.expected_positions[index]
-            reported_positions = torch.where(position_bad, expected_positions, given)
-            position_bad |= positions != given
+            given = batch.expected_positions[index].to(torch.int64)
+            given_bad = (given != NO_EXPECTED_TOKEN) & (positions != given)
+            reported_positions = torch.where(
+                position_bad, expected_positions, torch.where(given_bad, given, expected_positions)
+            )
+            position_bad |= given_bad
         reasons = position_bad * int(Reason.WRITE_POSITION)
         expected_tokens = torch.full_like(tokens, NO_EXPECTED_TOKEN)
         if batch.expected_input_ids is not None:
-            expected_tokens = batch.expected_input_ids[index]
-            reasons |= (tokens != expected_tokens) * int(Reason.WRITE_TOKEN)
+            expected_tokens = batch.expected_input_ids[index].to(torch.int64)
+            if batch.expected_token_pool is not None:
+                history, known = _history_tokens(batch, rp, expected_positions)
+                from_history = known & (expected_tokens == NO_EXPECTED_TOKEN)
+                expected_tokens = torch.where(from_history, history, expected_tokens)
+            token_bad = (expected_tokens != NO_EXPECTED_TOKEN) & (tokens != expected_tokens)
+            reasons |= token_bad * int(Reason.WRITE_TOKEN)
         for n in torch.nonzero(reasons).flatten().tolist():
             rows.append(
                 [
@@ -316,6 +326,21 @@ def _row_chain_seed(state: CanaryDeviceState, rp: int, prefix: int) -> int:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _history_tokens(
+    batch: CanaryBatchView, rp: int, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, known)``: int64 ``expected_token_pool[rp, positions]`` (0 where not known) and
+    whether ``0 <= position < known_len(rp)`` (see the module docstring)."""
+    pool = batch.expected_token_pool
+    rows, width = pool.shape
+    known_len = min(int(batch.expected_token_valid_lens[rp]), width) if 0 <= rp < rows else 0
+    known = (positions >= 0) & (positions < known_len)
+    if known_len <= 0:
+        return torch.zeros_like(positions), known
+    pooled = pool[rp, positions.clamp(0, width - 1)].to(torch.int64)
+    return torch.where(known, pooled, 0), known
 
 
 def _req_to_token(state: CanaryDeviceState, rp: int, positions: torch.Tensor) -> torch.Tensor:

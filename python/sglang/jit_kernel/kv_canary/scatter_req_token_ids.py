@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 # Tokens (and rows, for history_lens_out) per program. On an H200, among {256..2048} x {2, 4, 8}
 # warps, 512 x 4 is within 10% of the best at 2M tokens in long or short rows (16.9 us for
@@ -50,9 +51,11 @@ BLOCK = 512
 NUM_WARPS = 4
 
 
-# Only builtins of triton.language here: its @jit standard library (tl.sum, tl.zeros, ...) is
-# fixed as compiled or interpreted when triton is first imported, so a process that imported
-# triton before setting TRITON_INTERPRET could not interpret this kernel.
+# Only builtins of triton.language here (reductions through this module's own combine function):
+# its @jit standard library (tl.sum, tl.zeros, ...) is fixed as compiled or interpreted when
+# triton is first imported, so a process that imported triton before setting TRITON_INTERPRET
+# could not interpret this kernel. Whether *this* module is interpreted is decided when it is
+# imported (``_INTERPRETED``).
 
 
 @triton.jit
@@ -180,6 +183,12 @@ def launch_scatter_req_token_ids_kernel(
         history_lens=history_lens,
         history_lens_out=history_lens_out,
     )
+    if pool_out.device.type != "cuda" and not _INTERPRETED:
+        raise ValueError(
+            f"launch_scatter_req_token_ids_kernel needs CUDA tensors, got {pool_out.device}; on "
+            "a CPU use scatter_req_token_ids_torch_reference (same contract) or set "
+            "TRITON_INTERPRET=1 before importing this module"
+        )
     if batch_size == 0:
         return
     work_items = max(num_tokens, batch_size) if history_lens_out is not None else num_tokens
@@ -204,6 +213,9 @@ def launch_scatter_req_token_ids_kernel(
         BLOCK=BLOCK,
         num_warps=NUM_WARPS,
     )
+
+
+_INTERPRETED = isinstance(_scatter_req_token_ids_kernel, InterpretedFunction)
 
 
 def scatter_req_token_ids_torch_reference(

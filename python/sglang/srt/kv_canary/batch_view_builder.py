@@ -7,6 +7,8 @@ every replay reads the live values.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from sglang.jit_kernel.kv_canary.batch_view import BatchLayout, CanaryBatchView
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
@@ -16,6 +18,15 @@ _LAYOUTS: dict[ForwardMode, BatchLayout | None] = {
     ForwardMode.MIXED: BatchLayout.EXTEND,  # chunked prefill + decode rows (prefix = seq_len - 1)
     ForwardMode.IDLE: None,  # no request rows (DP attention): nothing to verify or write
 }
+
+
+class TokenCheckFields(Protocol):
+    """Source of the token-check fields of a view
+    (:class:`~sglang.srt.kv_canary.token_checks.checks.TokenChecks`)."""
+
+    def view_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
+        """``expected_*`` / ``verify_token`` keyword fields of ``CanaryBatchView``."""
+        ...
 
 
 class UnsupportedForwardModeError(RuntimeError):
@@ -39,8 +50,13 @@ def canary_layout(forward_mode: ForwardMode) -> BatchLayout | None:
         ) from None
 
 
-def build_batch_view(forward_batch: ForwardBatch) -> CanaryBatchView | None:
+def build_batch_view(
+    forward_batch: ForwardBatch, *, token_checks: TokenCheckFields | None = None
+) -> CanaryBatchView | None:
     """The canary's view of one forward, or None when it has no request rows (IDLE).
+
+    ``token_checks`` adds the token-check fields (history, write-input expectations); they are
+    computed only for a view that is built.
 
     Rows with ``req_pool_indices == 0`` (CUDA-graph or DP-attention padding) are skipped by the
     kernels. For EXTEND-family batches the row count is taken from ``extend_prefix_lens``: DP
@@ -53,6 +69,7 @@ def build_batch_view(forward_batch: ForwardBatch) -> CanaryBatchView | None:
     layout = canary_layout(forward_batch.forward_mode)
     if layout is None:
         return None
+    checks = {} if token_checks is None else token_checks.view_fields(forward_batch)
     if layout is BatchLayout.DECODE:
         return CanaryBatchView(
             layout=layout,
@@ -64,6 +81,7 @@ def build_batch_view(forward_batch: ForwardBatch) -> CanaryBatchView | None:
             input_ids=forward_batch.input_ids,
             positions=forward_batch.positions,
             out_cache_loc=forward_batch.out_cache_loc,
+            **checks,
         )
     rows = forward_batch.extend_prefix_lens.shape[0]
     return CanaryBatchView(
@@ -76,4 +94,5 @@ def build_batch_view(forward_batch: ForwardBatch) -> CanaryBatchView | None:
         input_ids=forward_batch.input_ids,
         positions=forward_batch.positions,
         out_cache_loc=forward_batch.out_cache_loc,
+        **checks,
     )

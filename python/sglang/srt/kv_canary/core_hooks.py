@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sglang.srt.kv_canary.config import get_active_config
+from sglang.srt.kv_canary.config import CanaryConfig, get_active_config
 from sglang.srt.kv_canary.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.memory_budget import fixed_bytes, per_token_bytes
 from sglang.srt.kv_canary.refusals import refuse_unless_supported, unsupported_server_args
@@ -35,13 +35,24 @@ def add_record_bytes_to_cell_size(cell_size: int, *args: Any, **kwargs: Any) -> 
     return cell_size + per_token_bytes()
 
 
+def _reserved_bytes(*, config: CanaryConfig, model_runner: Any, page_size: int) -> int:
+    """Bytes that do not scale with the KV pool: ring, counters, padding rows, and with the
+    token checks their history pool and expectations (bounded before the pools exist)."""
+    reserved = fixed_bytes(ring_capacity=config.ring_capacity, page_size=page_size)
+    if config.enable_verify_token_assert or config.enable_write_input_assert:
+        from sglang.srt.kv_canary.token_checks.sizing import token_check_bytes_bound
+
+        reserved += token_check_bytes_bound(model_runner)
+    return reserved
+
+
 def reserve_fixed_canary_bytes(
     available_bytes: int, model_runner: Any, *args: Any, **kwargs: Any
 ) -> int:
-    """AFTER ``ModelRunnerKVCacheMixin._profile_available_bytes``: ring, counters, padding rows."""
-    return available_bytes - fixed_bytes(
-        ring_capacity=get_active_config().ring_capacity,
-        page_size=model_runner.page_size,
+    """AFTER ``ModelRunnerKVCacheMixin._profile_available_bytes``: ring, counters, padding rows,
+    token history."""
+    return available_bytes - _reserved_bytes(
+        config=get_active_config(), model_runner=model_runner, page_size=model_runner.page_size
     )
 
 
@@ -49,8 +60,10 @@ def install_after_memory_pool(result: None, model_runner: Any, *args: Any, **kwa
     """AFTER ``ModelRunnerKVCacheMixin.init_memory_pool``: records beside the pool, forward
     wrapped, before CUDA-graph capture."""
     config = get_active_config()
-    fixed = fixed_bytes(
-        ring_capacity=config.ring_capacity, page_size=model_runner.token_to_kv_pool.page_size
+    fixed = _reserved_bytes(
+        config=config,
+        model_runner=model_runner,
+        page_size=model_runner.token_to_kv_pool.page_size,
     )
     install_canary(
         model_runner=model_runner,

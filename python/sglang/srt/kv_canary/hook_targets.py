@@ -56,8 +56,11 @@ def _oracle(config: CanaryConfig) -> bool:
     return config.enable_token_oracle
 
 
-def _verify_token(config: CanaryConfig) -> bool:
-    return config.canary_enabled and config.enable_verify_token_assert
+def _token_history(config: CanaryConfig) -> bool:
+    """Either token check reads the request histories (write-input: prompt tokens)."""
+    return config.canary_enabled and (
+        config.enable_verify_token_assert or config.enable_write_input_assert
+    )
 
 
 HOOK_SPECS: tuple[HookSpec, ...] = (
@@ -222,6 +225,15 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         purpose="report the last forwards' violations while the server is idle",
     ),
     # ---------------------------------------------------------------- token checks (issue 5)
+    HookSpec(
+        target=f"{_FB}.init_new",
+        hook_type="after",
+        implementation="sglang.srt.kv_canary.token_checks.history_hooks:"
+                       "attach_token_history_after_init_new",
+        needed=_token_history,
+        purpose="snapshot the requests' origin_input_ids + output_ids (the tokens the pool "
+                "lacks) for verify-token and the write-input assert's prompt tokens",
+    ),
 )
 
 

@@ -1,9 +1,10 @@
-"""Which implementation of the two per-forward canary launches the runtime calls.
+"""Which implementation of the canary's kernels the runtime calls.
 
-The server always uses the Triton kernels (``sglang.jit_kernel.kv_canary.canary_kernels``). The
-plain-torch references (``canary_kernels_ref``, same keyword signatures, bit-identical results)
-drive the CPU self-check and the CPU tests; the Triton kernels also run on a CPU under
-``TRITON_INTERPRET=1``.
+The server always uses the Triton kernels (``sglang.jit_kernel.kv_canary.canary_kernels`` and,
+with the token checks, ``scatter_req_token_ids``). The plain-torch references (same keyword
+signatures, bit-identical results) drive the CPU self-check and the CPU tests; the Triton kernels
+also run on a CPU under ``TRITON_INTERPRET=1``. The scatter module is imported only when the
+token checks need it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ _MODULES: dict[KernelBackend, str] = {
     KernelBackend.TRITON: "sglang.jit_kernel.kv_canary.canary_kernels",
     KernelBackend.TORCH_REFERENCE: "sglang.jit_kernel.kv_canary.canary_kernels_ref",
 }
+_SCATTER_MODULE = "sglang.jit_kernel.kv_canary.scatter_req_token_ids"
+_SCATTER_FUNCTIONS: dict[KernelBackend, str] = {
+    KernelBackend.TRITON: "launch_scatter_req_token_ids_kernel",
+    KernelBackend.TORCH_REFERENCE: "scatter_req_token_ids_torch_reference",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +42,12 @@ class CanaryKernels:
     backend: KernelBackend
     pre_forward_verify: Callable[..., None]
     post_forward_write_and_verify: Callable[..., None]
+
+    def scatter_req_token_ids(self) -> Callable[..., None]:
+        """The token-history scatter of this backend (keyword contract of
+        ``launch_scatter_req_token_ids_kernel``); runs outside graphs, before the forward."""
+        module = importlib.import_module(_SCATTER_MODULE)
+        return getattr(module, _SCATTER_FUNCTIONS[self.backend])
 
 
 def load_kernels(backend: KernelBackend) -> CanaryKernels:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
-from sglang.srt.kv_canary.batch_view_builder import build_batch_view
+from sglang.srt.kv_canary.batch_view_builder import TokenCheckFields, build_batch_view
 from sglang.srt.kv_canary.kernels import CanaryKernels
 
 
@@ -27,6 +27,10 @@ class CanaryModelForward:
     Re-entrancy: only the outermost call runs the canary. A model whose forward calls a wrapped
     forward again (a VLM delegating to an inner language model that ends up here) would otherwise
     verify and write the same batch twice.
+
+    Token checks (``token_checks``): their fields of the batch view (the history, and the
+    write-input expectations computed here, inside the forward and so inside captured graphs)
+    are built before the pre-forward launch, from inputs the model has not touched yet.
     """
 
     def __init__(
@@ -35,11 +39,13 @@ class CanaryModelForward:
         original: Callable[..., Any],
         state: CanaryDeviceState,
         kernels: CanaryKernels,
+        token_checks: TokenCheckFields | None = None,
     ) -> None:
         functools.update_wrapper(self, original)  # keeps inspect.signature(model.forward) intact
         self.original = original
         self._state = state
         self._kernels = kernels
+        self._token_checks = token_checks
         self._inside = False
 
     def __call__(
@@ -52,7 +58,7 @@ class CanaryModelForward:
     ) -> Any:
         if self._inside:
             return self.original(input_ids, positions, forward_batch, *args, **kwargs)
-        view = build_batch_view(forward_batch)
+        view = build_batch_view(forward_batch, token_checks=self._token_checks)
         if view is None:
             return self.original(input_ids, positions, forward_batch, *args, **kwargs)
         self._inside = True
@@ -66,7 +72,11 @@ class CanaryModelForward:
 
 
 def install_model_forward(
-    *, model: torch.nn.Module, state: CanaryDeviceState, kernels: CanaryKernels
+    *,
+    model: torch.nn.Module,
+    state: CanaryDeviceState,
+    kernels: CanaryKernels,
+    token_checks: TokenCheckFields | None = None,
 ) -> CanaryModelForward:
     """Set ``model.forward`` (an instance attribute) to a :class:`CanaryModelForward`.
 
@@ -78,7 +88,9 @@ def install_model_forward(
         raise RuntimeError(
             "KV canary: model.forward is already wrapped; install runs once per model"
         )
-    wrapper = CanaryModelForward(original=current, state=state, kernels=kernels)
+    wrapper = CanaryModelForward(
+        original=current, state=state, kernels=kernels, token_checks=token_checks
+    )
     model.forward = wrapper
     return wrapper
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import enum
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +58,9 @@ from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req
 
 # Attribute of the ForwardBatch that carries the snapshot from init_new to the forward.
 FORWARD_BATCH_ATTRIBUTE = "req_all_ids_info"
+
+# launch_scatter_req_token_ids_kernel or scatter_req_token_ids_torch_reference (same contract).
+ScatterFn = Callable[..., None]
 
 _MIN_DEVICE_STAGING_WORDS = 1 << 12
 
@@ -213,6 +216,7 @@ class ReqToVerifyExpectedTokens:
         max_context_len: int,
         device: torch.device | str,
         sync_mode: TokenHistorySyncMode = TokenHistorySyncMode.INCREMENTAL,
+        scatter: ScatterFn = launch_scatter_req_token_ids_kernel,
     ) -> None:
         """Allocate the pool (``device_bytes(...)`` bytes, zeros).
 
@@ -222,12 +226,15 @@ class ReqToVerifyExpectedTokens:
             max_context_len: columns of ``req_to_token``.
             device: the device of ``req_to_token``.
             sync_mode: see the module docstring.
+            scatter: the scatter implementation :meth:`populate` launches (the Triton kernel;
+                its torch reference on a CPU without the Triton interpreter).
         """
         if num_rows < 1 or max_context_len < 1:
             raise ValueError(
                 f"num_rows and max_context_len must be >= 1, got {num_rows} and {max_context_len}"
             )
         self.sync_mode = sync_mode
+        self._scatter = scatter
         self.tokens = torch.zeros((num_rows, max_context_len), dtype=torch.int32, device=device)
         self.valid_lens_by_row = torch.zeros((num_rows,), dtype=torch.int64, device=device)
         self._pin_memory = self.tokens.device.type == "cuda"
@@ -302,7 +309,7 @@ class ReqToVerifyExpectedTokens:
         staging = self._device_staging[:num_words]
         staging.copy_(info.packed, non_blocking=True)
         req_pool_indices, history_lens, offsets, flat = _split_packed(staging, info.batch_size)
-        launch_scatter_req_token_ids_kernel(
+        self._scatter(
             flat_in=flat,
             offsets=offsets,
             req_pool_indices=req_pool_indices,
@@ -318,15 +325,6 @@ class ReqToVerifyExpectedTokens:
             ):
                 row_owner[row] = owner
                 row_synced_len[row] = synced_len
-
-    def gather_valid_lens(self, *, req_pool_indices: torch.Tensor, out: torch.Tensor) -> None:
-        """``out[b] = valid_lens_by_row[req_pool_indices[b]]``: the per-batch-row valid lengths.
-
-        Graph-capturable (no sync, no allocation). ``req_pool_indices``: int32/int64 ``[bs]`` on
-        the pool's device; ``out``: int64 ``[bs]`` (e.g. ``persistent_buffer[:bs]``). Padded
-        rows (``req_pool_indices == 0``) get 0.
-        """
-        torch.index_select(self.valid_lens_by_row, 0, req_pool_indices, out=out)
 
 
 def attach_req_all_ids_info(

@@ -6,5 +6,7 @@ seeded generator (``SGLANG_KV_CANARY_PERTURB_SEED``), only after
 outside any CUDA graph. Choices use the batch's CPU-side lengths; the device tensors are indexed
 with device tensors, so injecting never synchronizes with the device. Each fault is undone right
 after its forward (stream-ordered), so it is a transient corruption of exactly one forward: the
-allocator, the radix cache and SGLang's idle memory checks stay consistent.
+allocator, the radix cache and SGLang's idle memory checks stay consistent. (An ``input_ids``
+fault restores the batch's tensor; what the model stored from the wrong token stays: that is
+the fault the token checks must see.)
 """

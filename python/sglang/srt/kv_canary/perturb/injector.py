@@ -8,6 +8,7 @@ import random
 from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
 from sglang.srt.kv_canary.config import PerturbConfig
 from sglang.srt.kv_canary.perturb.fault import InjectedFault, Perturbation
+from sglang.srt.kv_canary.perturb.input_ids import InputIdsPerturbation
 from sglang.srt.kv_canary.perturb.live_rows import live_rows
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
 from sglang.srt.kv_canary.perturb.req_to_token import ReqToTokenPerturbation
@@ -59,9 +60,12 @@ class FaultInjector:
 
 
 def build_fault_injector(
-    *, config: PerturbConfig, state: CanaryDeviceState, layer0_keys: object
+    *, config: PerturbConfig, state: CanaryDeviceState, layer0_keys: object, vocab_size: int
 ) -> FaultInjector | None:
-    """The injector of the perturbations this package implements, or None when none is enabled."""
+    """The injector of the perturbations this package implements, or None when none is enabled.
+
+    ``vocab_size`` is the served model's (input tokens stay valid ids when perturbed).
+    """
     perturbations: list[tuple[float, Perturbation]] = []
     if config.req_to_token_prob > 0:
         perturbations.append(
@@ -73,6 +77,10 @@ def build_fault_injector(
                 config.real_kv_used_prob,
                 RealKvUsedPerturbation(req_to_token=state.req_to_token, layer0_keys=layer0_keys),
             )
+        )
+    if config.input_ids_prob > 0:
+        perturbations.append(
+            (config.input_ids_prob, InputIdsPerturbation(vocab_size=vocab_size))
         )
     if not perturbations:
         return None

@@ -1,15 +1,17 @@
 """The self-check's scenarios: clean runs, each perturbation, raise mode, a stopped canary path.
 
 Every scenario installs the canary exactly as the server does (``install_canary``, the
-``ModelRunner.forward`` hook, the monitor, the fault injector) on a fresh
-:class:`~.simulation.SimulatedServer`, runs the mixed workload, and judges what the canary
-logged: the same ``kv_canary violation:`` / ``kv_canary perturb:`` / stats / health lines a
-server writes.
+``ModelRunner.forward`` hook, the ``ForwardBatch.init_new`` hooks the hook table selects for the
+configuration, the monitor, the fault injector; with the token oracle, the oracle's manager and
+its sampler's tokens) on a fresh :class:`~.simulation.SimulatedServer`, runs the mixed workload,
+and judges what the canary logged: the same ``kv_canary violation:`` / ``kv_canary perturb:`` /
+stats / health lines a server writes.
 """
 
 from __future__ import annotations
 
 import logging
+import pkgutil
 import re
 from dataclasses import dataclass, field, replace
 
@@ -17,11 +19,16 @@ from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
 from sglang.srt.kv_canary.core_hooks import around_model_runner_forward
 from sglang.srt.kv_canary.health import HEALTH_OK_PREFIX, CanaryHealthError
+from sglang.srt.kv_canary.hook_targets import select_hook_specs
 from sglang.srt.kv_canary.kernels import CanaryKernels
 from sglang.srt.kv_canary.model_forward import uninstall_model_forward
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.runtime import CanaryRuntime, install_canary
+from sglang.srt.kv_canary.selfcheck.sampling import ForeignTokenFault, OracleSampler
 from sglang.srt.kv_canary.selfcheck.simulation import (
+    VOCAB_SIZE,
+    InitNewHook,
+    Sampler,
     SimulatedModelRunner,
     default_server,
     run_mixed_workload,
@@ -34,8 +41,11 @@ from sglang.srt.kv_canary.violations import (
     format_reasons,
 )
 
-_VERIFY_CHECKS = (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY)
+_VERIFY_CHECKS = frozenset({CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY})
+_ALL_CHECKS = _VERIFY_CHECKS | {CheckKind.WRITE}
 _STOP_AT_STEP = 10  # the "canary path stopped" scenario removes the wrapper after this step
+_WARMUP_STEPS = 6
+_SEED = 1234
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +56,14 @@ class Scenario:
     config: CanaryConfig
     must_detect: int = 0  # reason bit every fault must be reported with (0: clean run)
     allowed_reasons: int = 0  # reason bits any violation row may carry
+    allowed_checks: frozenset[CheckKind] = _VERIFY_CHECKS  # checks any violation row may come from
+    # A fault is caught by a row of its position from its step to this many steps later (None:
+    # any later step, for a fault that shows when its token is consumed).
+    max_detection_delay: int | None = 0
+    must_also_report: int = 0  # reason bits that must show in some row (later detections)
     expect_silent_faults: bool = False  # faults injected but nothing can see them
     stop_canary: bool = False  # remove the model wrapper mid-run: the health check must fire
+    foreign_token_prob: float = 0.0  # the sampler feeds a request another request's token
 
 
 @dataclass(slots=True, kw_only=True)
@@ -74,7 +90,19 @@ def _base_config(*, real_data: RealDataMode, mode: CanaryMode = CanaryMode.LOG) 
 
 
 def _perturbed(config: CanaryConfig, **probabilities: float) -> CanaryConfig:
-    return replace(config, perturb=PerturbConfig(warmup_steps=6, seed=1234, **probabilities))
+    return replace(
+        config, perturb=PerturbConfig(warmup_steps=_WARMUP_STEPS, seed=_SEED, **probabilities)
+    )
+
+
+def _with_token_checks(config: CanaryConfig, *, write_input: bool) -> CanaryConfig:
+    """Verify-token on; with ``write_input`` also the write-input assert and the token oracle."""
+    return replace(
+        config,
+        enable_verify_token_assert=True,
+        enable_write_input_assert=write_input,
+        enable_token_oracle=write_input,
+    )
 
 
 def default_scenarios() -> list[Scenario]:
@@ -110,7 +138,64 @@ def default_scenarios() -> list[Scenario]:
             allowed_reasons=position_or_chain,
         ),
         Scenario(name="canary path stopped mid-run", config=partial, stop_canary=True),
+        *_token_check_scenarios(partial),
     ]
+
+
+def _token_check_scenarios(partial: CanaryConfig) -> list[Scenario]:
+    token_checks = _with_token_checks(partial, write_input=True)
+    token_reasons = int(Reason.WRITE_TOKEN | Reason.VERIFY_TOKEN)
+    return [
+        Scenario(name="clean run, verify_token + write_input", config=token_checks),
+        Scenario(
+            name="clean run, verify_token, real sampler",
+            config=_with_token_checks(partial, write_input=False),
+        ),
+        Scenario(
+            name="input_ids fault, token checks",
+            config=_perturbed(token_checks, input_ids_prob=1.0),
+            must_detect=int(Reason.WRITE_TOKEN),
+            allowed_reasons=token_reasons,
+            allowed_checks=_ALL_CHECKS,
+            must_also_report=int(Reason.VERIFY_TOKEN),
+        ),
+        Scenario(
+            name="input_ids fault, token checks off",
+            config=_perturbed(partial, input_ids_prob=1.0),
+            expect_silent_faults=True,
+        ),
+        Scenario(
+            name="foreign next token, token checks",
+            config=token_checks,
+            foreign_token_prob=0.5,
+            must_detect=int(Reason.WRITE_TOKEN),
+            allowed_reasons=int(Reason.WRITE_TOKEN),
+            allowed_checks=frozenset({CheckKind.WRITE}),
+            max_detection_delay=None,
+        ),
+    ]
+
+
+def init_new_hooks(config: CanaryConfig) -> list[InitNewHook]:
+    """The ``ForwardBatch.init_new`` AFTER hooks the hook table registers for ``config``."""
+    return [
+        pkgutil.resolve_name(spec.implementation)
+        for spec in select_hook_specs(config)
+        if spec.target.endswith(".ForwardBatch.init_new") and spec.hook_type == "after"
+    ]
+
+
+def _sampler(scenario: Scenario) -> Sampler | None:
+    """The token oracle's sampler when the oracle is on (with the scenario's fault), else the
+    simulation's default."""
+    if not scenario.config.enable_token_oracle:
+        return None
+    fault = None
+    if scenario.foreign_token_prob > 0:
+        fault = ForeignTokenFault(
+            probability=scenario.foreign_token_prob, warmup_steps=_WARMUP_STEPS, seed=_SEED
+        )
+    return OracleSampler(vocab_size=VOCAB_SIZE, fault=fault)
 
 
 class _LogCapture(logging.Handler):
@@ -148,7 +233,14 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
             uninstall_model_forward(server.runner.model)
         return around_model_runner_forward(SimulatedModelRunner.forward, server.runner, batch)
 
-    server = default_server(page_size=page_size, forward=forward)
+    server = default_server(
+        page_size=page_size,
+        forward=forward,
+        init_new_hooks=init_new_hooks(scenario.config),
+        sampler=_sampler(scenario),
+    )
+    if scenario.config.enable_token_oracle:
+        install_token_oracle(server.runner)
     error: Exception | None = None
     with _LogCapture() as capture:
         runtime = install_canary(
@@ -173,6 +265,17 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
         lines=capture.lines, steps=runtime.steps,
     )
     return outcome
+
+
+def install_token_oracle(runner: SimulatedModelRunner) -> None:
+    """What the oracle's ``ModelRunner.initialize`` hook leaves on a runner: its manager (call
+    before ``install_canary``)."""
+    from sglang.srt.kv_canary.token_oracle.install import TOKEN_ORACLE_MANAGER_ATTR
+    from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
+    from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
+
+    manager = TokenOracleManager(oracle=HashOracle(vocab_size=runner.model_config.vocab_size))
+    setattr(runner, TOKEN_ORACLE_MANAGER_ATTR, manager)
 
 
 def _judge_stopped(*, error: Exception | None, steps: int, **_: object) -> tuple[bool, str]:
@@ -209,25 +312,34 @@ def _judge_run(
         faults = [f for f in faults if int(f["step"]) == first]
     stray = [
         row for row in rows
-        if row.reasons & ~scenario.allowed_reasons or row.check not in _VERIFY_CHECKS
+        if row.reasons & ~scenario.allowed_reasons or row.check not in scenario.allowed_checks
     ]
     if stray:
         return False, f"unexpected violation: {stray[0].to_line()}"
-    missed = [
-        fault for fault in faults
-        if not any(
-            row.step == int(fault["step"])
-            and row.position == int(fault["position"])
-            and row.reasons & scenario.must_detect
-            for row in rows
-        )
-    ]
+    missed = [fault for fault in faults if not _caught(scenario, fault, rows)]
     if missed:
         return False, f"missed {len(missed)}/{len(faults)} faults, first: {missed[0].group(0)}"
+    unseen = scenario.must_also_report & ~_union(rows)
+    if unseen:
+        return False, f"no violation row carries {format_reasons(unseen)}"
     reasons = format_reasons(_union(rows))
     checks = ",".join(sorted({row.check.name.lower() for row in rows}))
     how = "raised" if raising else "logged"
     return True, f"caught {len(faults)}/{len(faults)} ({how}) by {reasons} at {checks}"
+
+
+def _caught(scenario: Scenario, fault: re.Match[str], rows: list[ViolationRow]) -> bool:
+    """A row of the fault's position, with a reason it must be detected with, from the fault's
+    step to ``max_detection_delay`` steps later."""
+    step, position = int(fault["step"]), int(fault["position"])
+    delay = scenario.max_detection_delay
+    return any(
+        row.position == position
+        and row.reasons & scenario.must_detect
+        and step <= row.step
+        and (delay is None or row.step <= step + delay)
+        for row in rows
+    )
 
 
 def _judge_silent(

@@ -5,9 +5,13 @@ It plays the scheduler's part: SGLang's ``ReqToTokenPool``, ``MHATokenToKVPool``
 admitted into request rows, page-granular prefix sharing with a small prefix cache (a stand-in
 for the radix cache: shared pages, reference counts, eviction of the oldest entry), and real
 ``ForwardBatch`` objects for EXTEND (prefill, chunked prefill), MIXED and DECODE forwards,
-written to ``req_to_token`` the way SGLang does before each forward. The model is
-:class:`TinyModel`, which stores each token's K/V like attention does. Each forward goes through
-the callable the caller passes in (the canary's ``ModelRunner.forward`` hook in the self-check).
+written to ``req_to_token`` the way SGLang does before each forward. Each new ForwardBatch goes
+through the ``ForwardBatch.init_new`` AFTER hooks the caller passes in (as SGLang's hook registry
+calls them), then through the forward callable the caller passes in (the canary's
+``ModelRunner.forward`` hook in the self-check). A padded decode step is padded the way a
+replayed CUDA graph pads its static batch: inside ``ModelRunner.forward``, after the canary's
+host-side work saw the live batch. The model is :class:`TinyModel`, which stores each token's
+K/V like attention does; the next tokens come from a :class:`Sampler`.
 """
 
 from __future__ import annotations
@@ -16,10 +20,17 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from sglang.srt.kv_canary.request_ids import (
+    RID_PAD_VALUE,
+    RIDS_INT_ATTR,
+    ROOM_PAD_VALUE,
+    request_ids_of,
+    set_request_ids,
+)
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import (
@@ -29,6 +40,8 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 
 VOCAB_SIZE = 1000
+# Attribute of a live DECODE batch: rows a replayed CUDA graph would pad it with.
+GRAPH_PADDING_ATTR = "simulated_graph_padding"
 _HEAD_NUM = 2
 _HEAD_DIM = 8
 _LAYER_NUM = 2
@@ -51,22 +64,81 @@ class TinyModel(torch.nn.Module):
         return values.sum()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulatedModelConfig:
+    """The ``ModelConfig`` fields the canary reads."""
+
+    vocab_size: int = VOCAB_SIZE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulatedServerArgs:
+    """The ``ServerArgs`` fields the canary reads (sizes of its preallocated buffers). Small, so
+    longer prefills take the token checks' eager overflow path."""
+
+    max_prefill_tokens: int = 16
+    chunked_prefill_size: int | None = None
+    cuda_graph_max_bs: int | None = None
+
+
 class SimulatedModelRunner:
     """The attributes of SGLang's ModelRunner the canary reads, and its ``forward``."""
 
     def __init__(
-        self, *, req_to_token_pool: ReqToTokenPool, token_to_kv_pool: MHATokenToKVPool
+        self,
+        *,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool: MHATokenToKVPool,
+        max_running_requests: int,
     ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
         self.model = TinyModel()
+        self.model_config = SimulatedModelConfig()
+        self.server_args = SimulatedServerArgs()
+        self.max_running_requests = max_running_requests
+        self.device = "cpu"
 
     def forward(self, forward_batch: ForwardBatch) -> Any:
-        """What ``ModelRunner.forward`` does for these batches: call ``model.forward``."""
+        """What ``ModelRunner.forward`` does for these batches: call ``model.forward`` (on the
+        padded static batch when the live batch asks for graph padding)."""
+        padded_rows = getattr(forward_batch, GRAPH_PADDING_ATTR, 0)
+        if padded_rows:
+            forward_batch = pad_like_a_graph_replay(forward_batch, padded_rows=padded_rows)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
 
-@dataclass(slots=True, kw_only=True)
+def pad_like_a_graph_replay(live: ForwardBatch, *, padded_rows: int) -> ForwardBatch:
+    """The batch a decode graph replayed for ``live`` runs on: the live rows, then
+    ``padded_rows`` rows of request row 0, cache location 0 and sequence length 1; request ids
+    (when present) padded with 0 / -1 (SPEC §3)."""
+
+    def pad(tensor: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.cat([tensor, tensor.new_full((padded_rows,), value)])
+
+    seq_lens = pad(live.seq_lens, 1)
+    static = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=live.batch_size + padded_rows,
+        input_ids=pad(live.input_ids, 0),
+        req_pool_indices=pad(live.req_pool_indices, 0),
+        seq_lens=seq_lens,
+        out_cache_loc=pad(live.out_cache_loc, 0),
+        seq_lens_sum=int(seq_lens.sum()),
+        seq_lens_cpu=seq_lens.clone(),
+        positions=pad(live.positions, 0),
+        req_to_token_pool=live.req_to_token_pool,
+        token_to_kv_pool=live.token_to_kv_pool,
+        rids=live.rids,
+    )
+    if getattr(live, RIDS_INT_ATTR, None) is not None:
+        rids_int, rooms = request_ids_of(live)
+        set_request_ids(static, rids_int=pad(rids_int, RID_PAD_VALUE),
+                        bootstrap_room_ids_int=pad(rooms, ROOM_PAD_VALUE))
+    return static
+
+
+@dataclass(kw_only=True)  # no slots: the token-history snapshot holds requests by weak reference
 class SimulatedRequest:
     """One request: its prompt, what it generated, and where its KV lives."""
 
@@ -77,10 +149,22 @@ class SimulatedRequest:
     req_pool_idx: int | None = None
     kv_len: int = 0  # tokens whose K/V is cached: the prefix length of the next forward
     pages: list[int] = field(default_factory=list)  # first slot of each page, by position
+    retraction_count: int = 0  # as SGLang's Req (read by the token-history snapshot)
+    bootstrap_room: int | None = None  # as SGLang's Req (read by the request-id hook)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def origin_input_ids(self) -> list[int]:
+        """SGLang's ``Req.origin_input_ids`` (the same list object: identity is stable)."""
+        return self.prompt
+
+    @property
+    def output_ids(self) -> list[int]:
+        """SGLang's ``Req.output_ids``."""
+        return self.output
 
     @property
     def prefilled(self) -> bool:
@@ -96,6 +180,34 @@ def next_token(*, rid: str, position: int) -> int:
     return (sum(map(ord, rid)) * 1_000_003 + position * 7_919) % VOCAB_SIZE
 
 
+class Sampler(Protocol):
+    """Where the simulated server's next tokens come from."""
+
+    def sample(self, rows: Sequence[tuple[SimulatedRequest, int]], *, step: int) -> list[int]:
+        """The next token of each ``(request, position of its last token)`` after forward
+        ``step`` (0-based)."""
+        ...
+
+
+class DeterministicSampler:
+    """:func:`next_token` of each row (a stand-in for a real model's sampler)."""
+
+    def sample(self, rows: Sequence[tuple[SimulatedRequest, int]], *, step: int) -> list[int]:
+        return [next_token(rid=request.rid, position=position) for request, position in rows]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulatedWorkerBatch:
+    """The ``ModelWorkerBatch`` fields the ``ForwardBatch.init_new`` hooks read."""
+
+    reqs: list[SimulatedRequest]
+    seq_lens_cpu: torch.Tensor
+
+
+# AFTER hook of ForwardBatch.init_new: hook(forward_batch, ForwardBatch, worker_batch, runner).
+InitNewHook = Callable[[ForwardBatch, type, SimulatedWorkerBatch, SimulatedModelRunner], Any]
+
+
 class SimulatedServer:
     """Requests, pools, prefix sharing and forward batches; each forward goes to ``forward``."""
 
@@ -107,6 +219,8 @@ class SimulatedServer:
         max_requests: int,
         max_context_len: int,
         forward: Callable[[ForwardBatch], Any],
+        init_new_hooks: Sequence[InitNewHook] = (),
+        sampler: Sampler | None = None,
     ) -> None:
         self.page_size = page_size
         self.req_to_token_pool = ReqToTokenPool(
@@ -137,9 +251,13 @@ class SimulatedServer:
             )
         )
         self.runner = SimulatedModelRunner(
-            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.kv_pool
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.kv_pool,
+            max_running_requests=max_requests,
         )
         self.forward = forward
+        self.init_new_hooks = tuple(init_new_hooks)
+        self.sampler = sampler or DeterministicSampler()
         self.forwards = 0
         self.evictions = 0
         self._page_refs: dict[int, int] = {}
@@ -255,24 +373,21 @@ class SimulatedServer:
             token_to_kv_pool=self.kv_pool,
             rids=[request.rid for request, _ in rows],
         )
-        self._run(batch)
+        self._run(batch, [request for request, _ in rows])
         for request, n in rows:
             request.kv_len += n
-            if request.prefilled:
-                request.output.append(next_token(rid=request.rid, position=request.kv_len - 1))
+        self._sample([request for request, _ in rows if request.prefilled])
 
     def decode(self, requests: Sequence[SimulatedRequest], *, padded_rows: int = 0) -> None:
-        """One DECODE forward; ``padded_rows`` extra rows as CUDA-graph padding leaves them
-        (request row 0, cache location 0)."""
-        slots = [self._write_slots(r, [r.kv_len])[0] for r in requests] + [0] * padded_rows
-        seq_lens = [r.kv_len + 1 for r in requests] + [1] * padded_rows
+        """One DECODE forward; the model runs it padded with ``padded_rows`` rows as a replayed
+        CUDA graph pads it (see :func:`pad_like_a_graph_replay`)."""
+        slots = [self._write_slots(r, [r.kv_len])[0] for r in requests]
+        seq_lens = [r.kv_len + 1 for r in requests]
         batch = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
             batch_size=len(seq_lens),
-            input_ids=torch.tensor([r.tokens[-1] for r in requests] + [0] * padded_rows),
-            req_pool_indices=torch.tensor(
-                [r.req_pool_idx for r in requests] + [0] * padded_rows, dtype=torch.int64
-            ),
+            input_ids=torch.tensor([r.tokens[-1] for r in requests], dtype=torch.int64),
+            req_pool_indices=torch.tensor([r.req_pool_idx for r in requests], dtype=torch.int64),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
             out_cache_loc=torch.tensor(slots, dtype=torch.int64),
             seq_lens_sum=sum(seq_lens),
@@ -282,10 +397,12 @@ class SimulatedServer:
             token_to_kv_pool=self.kv_pool,
             rids=[r.rid for r in requests],
         )
-        self._run(batch)
+        if padded_rows:
+            setattr(batch, GRAPH_PADDING_ATTR, padded_rows)
+        self._run(batch, list(requests))
         for request in requests:
             request.kv_len += 1
-            request.output.append(next_token(rid=request.rid, position=request.kv_len - 1))
+        self._sample(list(requests))
 
     def _write_slots(self, request: SimulatedRequest, positions: Sequence[int]) -> list[int]:
         """Allocate the slots of ``positions`` and write them to ``req_to_token`` (as SGLang
@@ -298,9 +415,18 @@ class SimulatedServer:
             )
         return slots
 
-    def _run(self, batch: ForwardBatch) -> None:
+    def _run(self, batch: ForwardBatch, requests: list[SimulatedRequest]) -> None:
+        worker_batch = SimulatedWorkerBatch(reqs=requests, seq_lens_cpu=batch.seq_lens_cpu)
+        for hook in self.init_new_hooks:
+            hook(batch, ForwardBatch, worker_batch, self.runner)
         self.forward(batch)
         self.forwards += 1
+
+    def _sample(self, requests: list[SimulatedRequest]) -> None:
+        """Append each request's next token (sampled after the forward just run)."""
+        rows = [(request, request.kv_len - 1) for request in requests]
+        for request, token in zip(requests, self.sampler.sample(rows, step=self.forwards - 1)):
+            request.output.append(token)
 
 
 def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
@@ -373,9 +499,14 @@ def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
 
 
 def default_server(
-    *, page_size: int, forward: Callable[[ForwardBatch], Any]
+    *,
+    page_size: int,
+    forward: Callable[[ForwardBatch], Any],
+    init_new_hooks: Sequence[InitNewHook] = (),
+    sampler: Sampler | None = None,
 ) -> SimulatedServer:
     """The pool sizes :func:`run_mixed_workload` is written for (small: eviction and reuse)."""
     return SimulatedServer(
-        page_size=page_size, num_pages=40, max_requests=12, max_context_len=128, forward=forward
+        page_size=page_size, num_pages=40, max_requests=12, max_context_len=128, forward=forward,
+        init_new_hooks=init_new_hooks, sampler=sampler,
     )

@@ -1,0 +1,93 @@
+"""The self-check's token-check scenarios pass with the reference kernels, and fail when the
+check they rely on is taken away: a blind canary, no write-input expectations, no history
+fallback for prompt tokens (a self-check that cannot fail proves nothing)."""
+
+import dataclasses
+import sys
+
+import pytest
+
+from sglang.jit_kernel.kv_canary.consts import COUNTER_VIOLATIONS
+from sglang.srt.kv_canary.kernels import CanaryKernels, KernelBackend, load_kernels
+from sglang.srt.kv_canary.selfcheck.scenarios import default_scenarios, run_scenario
+from sglang.srt.kv_canary.token_checks.checks import TokenChecks
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=20, suite="kv-canary-cpu")
+
+_SCENARIOS = {scenario.name: scenario for scenario in default_scenarios()}
+_TOKEN_SCENARIOS = [
+    "clean run, verify_token + write_input",
+    "clean run, verify_token, real sampler",
+    "input_ids fault, token checks",
+    "input_ids fault, token checks off",
+    "foreign next token, token checks",
+]
+_KERNELS = load_kernels(KernelBackend.TORCH_REFERENCE)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("name", _TOKEN_SCENARIOS)
+def test_token_check_scenarios_pass(name: str, page_size: int) -> None:
+    outcome = run_scenario(_SCENARIOS[name], page_size=page_size, kernels=_KERNELS)
+    assert outcome.passed, outcome.detail
+    if "fault" in name or "foreign" in name:
+        assert outcome.faults > 0
+
+
+def _blind_kernels() -> CanaryKernels:
+    """Reference kernels that write records but throw every verdict away."""
+
+    def pre_forward_verify(*, state, batch) -> None:
+        violations = int(state.counters[COUNTER_VIOLATIONS])
+        _KERNELS.pre_forward_verify(state=state, batch=batch)
+        state.counters[COUNTER_VIOLATIONS] = violations
+
+    def post_forward_write_and_verify(*, state, batch) -> None:
+        violations = int(state.counters[COUNTER_VIOLATIONS])
+        _KERNELS.post_forward_write_and_verify(state=state, batch=batch)
+        state.counters[COUNTER_VIOLATIONS] = violations
+
+    return dataclasses.replace(_KERNELS, pre_forward_verify=pre_forward_verify,
+                               post_forward_write_and_verify=post_forward_write_and_verify)
+
+
+@pytest.mark.parametrize("name", ["input_ids fault, token checks",
+                                  "foreign next token, token checks"])
+def test_a_blind_canary_misses_the_token_faults(name: str) -> None:
+    outcome = run_scenario(_SCENARIOS[name], page_size=4, kernels=_blind_kernels())
+    assert not outcome.passed and "missed" in outcome.detail
+
+
+def test_without_write_input_expectations_a_foreign_token_goes_unnoticed(monkeypatch) -> None:
+    original = TokenChecks.view_fields
+
+    def history_only(self, forward_batch):
+        fields = original(self, forward_batch)
+        fields.pop("expected_input_ids", None)
+        return fields
+
+    monkeypatch.setattr(TokenChecks, "view_fields", history_only)
+    outcome = run_scenario(_SCENARIOS["foreign next token, token checks"], page_size=1,
+                           kernels=_KERNELS)
+    assert not outcome.passed and "missed" in outcome.detail
+
+
+def test_without_the_history_fallback_prompt_token_faults_are_missed() -> None:
+    """Write launches that see no history: an input_ids fault on a prompt token (which the
+    oracle does not predict) is then not reported in its own forward."""
+
+    def post_forward_write_and_verify(*, state, batch) -> None:
+        no_history = dataclasses.replace(batch, expected_token_pool=None,
+                                         expected_token_valid_lens=None)
+        _KERNELS.post_forward_write_and_verify(state=state, batch=no_history)
+
+    kernels = dataclasses.replace(_KERNELS,
+                                  post_forward_write_and_verify=post_forward_write_and_verify)
+    outcome = run_scenario(_SCENARIOS["input_ids fault, token checks"], page_size=4,
+                           kernels=kernels)
+    assert not outcome.passed and "missed" in outcome.detail
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
