@@ -78,7 +78,8 @@ VARIABLES: tuple[_Variable, ...] = (
     _Variable(suffix="HEALTH_CHECK_EVERY_N_STEPS", default="100", allowed="integer >= 1",
               meaning="how often the health check confirms every expected kernel ran"),
     _Variable(suffix="PERTURB_WARMUP_STEPS", default="50", allowed="integer >= 0",
-              meaning="no perturbation before this many forward steps"),
+              meaning="no perturbation before this many forward steps "
+                      "(next_token_swap: calls of the oracle sampler)"),
     _Variable(suffix="PERTURB_SEED", default="0", allowed="integer >= 0",
               meaning="seed of the perturbations' random choices (runs reproduce)"),
     _Variable(suffix="PERTURB_NEXT_TOKEN_SWAP_PROB", default="0", allowed="probability in [0, 1]",
