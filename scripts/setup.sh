@@ -15,7 +15,8 @@ if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('sg
   echo "[setup] installing sglang 0.5.12.post1 (a few minutes, several GB)"
   "${pip[@]}" install -q "sglang==0.5.12.post1" -c "$constraints"
 fi
-"${pip[@]}" install -q pytest -c "$constraints"
+# pytest runs the tests; setuptools >= 70.1 builds wheels without isolation (wheel-contents test)
+"${pip[@]}" install -q pytest "setuptools>=70.1" -c "$constraints"
 echo "[setup] installing sglang-kv-canary from $repo"
 "${pip[@]}" install -q "$repo" -c "$constraints"
 echo "[setup] ready: $venv"
