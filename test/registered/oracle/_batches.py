@@ -11,9 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import torch
 
 from sglang.srt.kv_canary.request_id_hooks import attach_request_ids_after_init_new
+from sglang.srt.kv_canary.tools.worker_batches import greedy_sampling_info
+from sglang.srt.kv_canary.tools.worker_batches import (
+    model_worker_batch as shared_model_worker_batch,
+)
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -45,12 +48,7 @@ def model_runner_stub(*, is_draft_worker: bool = False, sampling_backend: str = 
 
 
 def sampling_info(rows: int) -> SamplingBatchInfo:
-    return SamplingBatchInfo(
-        temperatures=torch.ones(rows, 1), top_ps=torch.ones(rows),
-        top_ks=torch.ones(rows, dtype=torch.int32), min_ps=torch.zeros(rows),
-        is_all_greedy=True, need_top_p_sampling=False, need_top_k_sampling=False,
-        need_min_p_sampling=False, vocab_size=VOCAB_SIZE, device="cpu",
-    )
+    return greedy_sampling_info(rows=rows, vocab_size=VOCAB_SIZE)
 
 
 def model_worker_batch(
@@ -63,29 +61,13 @@ def model_worker_batch(
 ) -> ModelWorkerBatch:
     rows = len(reqs)
     if extend_prefix_lens is None:
-        extend_seq_lens = None
         num_tokens = rows if mode != ForwardMode.TARGET_VERIFY else rows * spec_info.draft_token_num
     else:
-        extend_seq_lens = [s - p for s, p in zip(seq_lens, extend_prefix_lens)]
-        num_tokens = sum(extend_seq_lens)
-    return ModelWorkerBatch(
-        forward_mode=mode, input_ids=torch.zeros(num_tokens, dtype=torch.int64),
-        req_pool_indices=torch.arange(1, rows + 1, dtype=torch.int64),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=torch.arange(1, num_tokens + 1, dtype=torch.int64),
-        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64), seq_lens_sum=sum(seq_lens),
-        return_logprob=False, top_logprobs_nums=None, token_ids_logprobs=None,
-        global_num_tokens=None, global_num_tokens_for_logprob=None, is_extend_in_batch=False,
-        all_extend_in_batch=False, can_run_dp_cuda_graph=False, tbo_split_seq_index=None,
-        global_forward_mode=None,
-        extend_num_tokens=None if extend_seq_lens is None else num_tokens,
-        extend_seq_lens=extend_seq_lens,
-        extend_prefix_lens=None if extend_prefix_lens is None else list(extend_prefix_lens),
-        extend_logprob_start_lens=None if extend_seq_lens is None else [0] * rows,
-        extend_input_logprob_token_ids=None, multimodal_inputs=None, encoder_cached=None,
-        encoder_lens=None, encoder_lens_cpu=None, encoder_out_cache_loc=None,
-        lora_ids=[None] * rows, sampling_info=sampling_info(rows), spec_info=spec_info,
-        reqs=list(reqs),
+        num_tokens = sum(s - p for s, p in zip(seq_lens, extend_prefix_lens))
+    return shared_model_worker_batch(
+        mode=mode, reqs=reqs, req_pool_indices=range(1, rows + 1), seq_lens=seq_lens,
+        extend_prefix_lens=extend_prefix_lens, num_tokens=num_tokens, vocab_size=VOCAB_SIZE,
+        spec_info=spec_info,
     )
 
 

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from types import SimpleNamespace
 
-import torch
 
 from sglang.srt.kv_canary import core_hooks
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
@@ -28,9 +27,11 @@ from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,
     SimulatedServer,
 )
+from sglang.srt.kv_canary.tools.worker_batches import (
+    model_worker_batch as shared_model_worker_batch,
+)
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 KERNELS = load_kernels(KernelBackend.TORCH_REFERENCE)
@@ -97,44 +98,19 @@ def sglang_reqs(prompts: Sequence[Sequence[int]], *, outputs: Sequence[Sequence[
     return reqs
 
 
-def _sampling_info(rows: int) -> SamplingBatchInfo:
-    return SamplingBatchInfo(
-        temperatures=torch.ones(rows, 1), top_ps=torch.ones(rows),
-        top_ks=torch.ones(rows, dtype=torch.int32), min_ps=torch.zeros(rows),
-        is_all_greedy=True, need_top_p_sampling=False, need_top_k_sampling=False,
-        need_min_p_sampling=False, vocab_size=VOCAB_SIZE, device="cpu",
-    )
-
-
 def model_worker_batch(*, mode: ForwardMode, reqs: Sequence[Req],
                        extend_prefix_lens: Sequence[int] | None = None) -> ModelWorkerBatch:
     """A batch of ``reqs``: DECODE (one token each) or EXTEND/MIXED from ``extend_prefix_lens``
     to each request's whole history."""
-    rows = len(reqs)
     seq_lens = [len(r.origin_input_ids) + len(r.output_ids) for r in reqs]
-    if extend_prefix_lens is None:
-        extend_seq_lens, num_tokens = None, rows
-    else:
-        extend_seq_lens = [s - p for s, p in zip(seq_lens, extend_prefix_lens)]
-        num_tokens = sum(extend_seq_lens)
-    return ModelWorkerBatch(
-        forward_mode=mode, input_ids=torch.zeros(num_tokens, dtype=torch.int64),
-        req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=torch.arange(1, num_tokens + 1, dtype=torch.int64),
-        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64), seq_lens_sum=sum(seq_lens),
-        return_logprob=False, top_logprobs_nums=None, token_ids_logprobs=None,
-        global_num_tokens=None, global_num_tokens_for_logprob=None, is_extend_in_batch=False,
-        all_extend_in_batch=False, can_run_dp_cuda_graph=False, tbo_split_seq_index=None,
-        global_forward_mode=None,
-        extend_num_tokens=None if extend_seq_lens is None else num_tokens,
-        extend_seq_lens=extend_seq_lens,
-        extend_prefix_lens=None if extend_prefix_lens is None else list(extend_prefix_lens),
-        extend_logprob_start_lens=None if extend_seq_lens is None else [0] * rows,
-        extend_input_logprob_token_ids=None, multimodal_inputs=None, encoder_cached=None,
-        encoder_lens=None, encoder_lens_cpu=None, encoder_out_cache_loc=None,
-        lora_ids=[None] * rows, sampling_info=_sampling_info(rows), spec_info=None,
-        reqs=list(reqs),
+    num_tokens = (
+        len(reqs) if extend_prefix_lens is None
+        else sum(s - p for s, p in zip(seq_lens, extend_prefix_lens))
+    )
+    return shared_model_worker_batch(
+        mode=mode, reqs=reqs, req_pool_indices=[r.req_pool_idx for r in reqs],
+        seq_lens=seq_lens, extend_prefix_lens=extend_prefix_lens, num_tokens=num_tokens,
+        vocab_size=VOCAB_SIZE,
     )
 
 
