@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-
 from sglang.srt.kv_canary.request_id_hooks import attach_request_ids_after_init_new
 from sglang.srt.kv_canary.tools.worker_batches import greedy_sampling_info
 from sglang.srt.kv_canary.tools.worker_batches import (

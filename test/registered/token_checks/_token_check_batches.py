@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from types import SimpleNamespace
 
-
 from sglang.srt.kv_canary import core_hooks
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
 from sglang.srt.kv_canary.kernels import KernelBackend, load_kernels
