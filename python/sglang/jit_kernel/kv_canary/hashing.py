@@ -44,6 +44,23 @@ def to_unsigned_u64(value: int) -> int:
     return value & U64_MASK
 
 
+def require_int64_same_shape(first: tuple[str, torch.Tensor], second: tuple[str, torch.Tensor]) -> None:
+    """Raise unless both named tensors are int64 and of one shape (no host sync).
+
+    Raises:
+        TypeError: a tensor is not int64 (names it and its dtype).
+        ValueError: the shapes differ (names both).
+    """
+    for name, tensor in (first, second):
+        if tensor.dtype != torch.int64:
+            raise TypeError(f"{name} must be int64, got {tensor.dtype}")
+    if first[1].shape != second[1].shape:
+        raise ValueError(
+            f"{first[0]} {tuple(first[1].shape)} and {second[0]} {tuple(second[1].shape)} "
+            f"differ in shape"
+        )
+
+
 # ----------------------------------------------------------------------------- scalar reference
 
 def mix64_scalar(value: int) -> int:

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
+from sglang.jit_kernel.kv_canary.hashing import require_int64_same_shape
+
 RIDS_INT_ATTR = "rids_int"
 BOOTSTRAP_ROOM_IDS_INT_ATTR = "bootstrap_room_ids_int"
 RID_PAD_VALUE = 0  # rids_int of a padded row
@@ -132,15 +134,8 @@ def select_generalized_req_ids(
     Raises:
         TypeError / ValueError: a dtype is not int64, or the shapes differ.
     """
-    for name, tensor in (("vanilla_req_ids", vanilla_req_ids),
-                         ("bootstrap_room_ids_int", bootstrap_room_ids_int)):
-        if tensor.dtype != torch.int64:
-            raise TypeError(f"{name} must be int64, got {tensor.dtype}")
-    if vanilla_req_ids.shape != bootstrap_room_ids_int.shape:
-        raise ValueError(
-            f"vanilla_req_ids {tuple(vanilla_req_ids.shape)} and bootstrap_room_ids_int "
-            f"{tuple(bootstrap_room_ids_int.shape)} differ in shape"
-        )
+    require_int64_same_shape(("vanilla_req_ids", vanilla_req_ids),
+                             ("bootstrap_room_ids_int", bootstrap_room_ids_int))
     return torch.where(bootstrap_room_ids_int >= 0, bootstrap_room_ids_int, vanilla_req_ids)
 
 

@@ -13,7 +13,12 @@ from typing import Protocol
 
 import torch
 
-from sglang.jit_kernel.kv_canary.hashing import mix64_scalar, mix64_torch, unsigned_mod_torch
+from sglang.jit_kernel.kv_canary.hashing import (
+    mix64_scalar,
+    mix64_torch,
+    require_int64_same_shape,
+    unsigned_mod_torch,
+)
 
 MAX_VOCAB_SIZE = (1 << 31) - 1  # tokens are returned as int32
 
@@ -64,15 +69,8 @@ class HashOracle:
         Raises:
             TypeError / ValueError: a dtype is not int64, or the shapes differ.
         """
-        for name, tensor in (("generalized_req_ids", generalized_req_ids),
-                             ("positions", positions)):
-            if tensor.dtype != torch.int64:
-                raise TypeError(f"{name} must be int64, got {tensor.dtype}")
-        if generalized_req_ids.shape != positions.shape:
-            raise ValueError(
-                f"generalized_req_ids {tuple(generalized_req_ids.shape)} and positions "
-                f"{tuple(positions.shape)} differ in shape"
-            )
+        require_int64_same_shape(("generalized_req_ids", generalized_req_ids),
+                                 ("positions", positions))
         mixed = mix64_torch(generalized_req_ids ^ positions)
         return unsigned_mod_torch(mixed, self.vocab_size).to(torch.int32)
 
