@@ -1,22 +1,29 @@
 """The one configuration layer of the KV canary.
 
-Every knob is an ``SGLANG_KV_CANARY_*`` environment variable. They are read once, at plugin
-load, into the frozen dataclasses below and validated there; no other module of this package
-reads ``os.environ``. A bad value, an unknown ``SGLANG_KV_CANARY_*`` name, or a combination
-that would silently leave a check or a perturbation without effect raises
-:class:`CanaryConfigError`, whose message names the variable, the value and what is allowed.
+Every knob is an ``SGLANG_KV_CANARY_*`` environment variable, declared once in :data:`KNOBS`
+(name, parser, default, allowed values, meaning, and when it has no effect). That table drives
+parsing, validation and the README's configuration table (:func:`markdown_table`; a test keeps
+the README identical to it). The variables are read once, at plugin load, into the frozen
+dataclasses below; no other module of this package reads ``os.environ``.
+
+Refused, with a :class:`CanaryConfigError` that names the variable, the value and what is
+allowed: a malformed value, an unknown ``SGLANG_KV_CANARY_*`` name (with the closest known name
+suggested), and a variable that is set to something other than its "off" value in a
+configuration where it would have no effect (e.g. ``RING_CAPACITY`` with the canary off): a
+typo or a forgotten switch must never leave a check silently disabled.
 
 This module imports only the standard library: it is what runs when the canary is off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 ENV_PREFIX = "SGLANG_KV_CANARY_"
 
@@ -34,70 +41,12 @@ class CanaryMode(enum.Enum):
 
 
 class RealDataMode(enum.Enum):
-    """How much of the real K/V bytes of a slot goes into its fingerprint."""
+    """How much of a slot's real K/V bytes goes into its fingerprint (K and V of the first and
+    the last layer)."""
 
     NONE = "none"
-    PARTIAL = "partial"  # the first 16 bytes of the slot's K row in the first layer
-    ALL = "all"  # every byte of the slot's K row in the first layer
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Variable:
-    """One environment variable: its name suffix, default text and description."""
-
-    suffix: str
-    default: str
-    allowed: str
-    meaning: str
-
-    @property
-    def name(self) -> str:
-        return ENV_PREFIX + self.suffix
-
-
-# The table of every variable this package reads (README's table is generated from the same
-# facts; a test keeps them in sync).
-VARIABLES: tuple[_Variable, ...] = (
-    _Variable(suffix="MODE", default="none", allowed="none, log, raise",
-              meaning="none: no canary; log: violations logged, serving goes on; "
-                      "raise: the first violation raises in the scheduler"),
-    _Variable(suffix="REAL_DATA", default="none", allowed="none, partial, all",
-              meaning="fingerprint of the real K/V bytes per slot (partial: first 16 bytes)"),
-    _Variable(suffix="SWEEP_INTERVAL", default="0", allowed="integer >= 0",
-              meaning="every N steps verify every slot held by the radix cache (0: off)"),
-    _Variable(suffix="ENABLE_TOKEN_ORACLE", default="0", allowed="boolean",
-              meaning="per-request int ids + the token_oracle sampling backend"),
-    _Variable(suffix="ENABLE_WRITE_INPUT_ASSERT", default="0", allowed="boolean",
-              meaning="check the input_ids/positions the model consumes against expectations"),
-    _Variable(suffix="ENABLE_VERIFY_TOKEN_ASSERT", default="0", allowed="boolean",
-              meaning="check each verified slot's stored token against the request's history"),
-    _Variable(suffix="RING_CAPACITY", default="1024", allowed="integer >= 1",
-              meaning="violation rows kept on the device"),
-    _Variable(suffix="STATS_PRINT_EVERY_N_STEPS", default="100", allowed="integer >= 0",
-              meaning="periodic 'protected N tokens, M sweeps, K violations' line (0: off)"),
-    _Variable(suffix="HEALTH_CHECK_EVERY_N_STEPS", default="100", allowed="integer >= 1",
-              meaning="how often the health check confirms every expected kernel ran"),
-    _Variable(suffix="PERTURB_WARMUP_STEPS", default="50", allowed="integer >= 0",
-              meaning="no perturbation before this many forward steps "
-                      "(next_token_swap: calls of the oracle sampler)"),
-    _Variable(suffix="PERTURB_SEED", default="0", allowed="integer >= 0",
-              meaning="seed of the perturbations' random choices (runs reproduce)"),
-    _Variable(suffix="PERTURB_NEXT_TOKEN_SWAP_PROB", default="0", allowed="probability in [0, 1]",
-              meaning="swap two requests' sampled tokens at the oracle sampler's exit"),
-    _Variable(suffix="PERTURB_REQ_TO_TOKEN_PROB", default="0", allowed="probability in [0, 1]",
-              meaning="point a live request's req_to_token entry at another live request's slot"),
-    _Variable(suffix="PERTURB_REAL_KV_USED_PROB", default="0", allowed="probability in [0, 1]",
-              meaning="flip a byte of a live slot's K/V"),
-    _Variable(suffix="PERTURB_REAL_KV_UNUSED_CACHE_PROB", default="0",
-              allowed="probability in [0, 1]",
-              meaning="flip a byte of a cached slot no live request uses"),
-    _Variable(suffix="PERTURB_REAL_KV_POST_FORWARD_PROB", default="0",
-              allowed="probability in [0, 1]",
-              meaning="flip a byte of a slot just written"),
-    _Variable(suffix="PERTURB_INPUT_IDS_PROB", default="0", allowed="probability in [0, 1]",
-              meaning="overwrite one row's input token right before the forward"),
-)
-KNOWN_NAMES: frozenset[str] = frozenset(v.name for v in VARIABLES)
+    PARTIAL = "partial"  # 16 bytes of each of the four rows, at an offset rotating with the slot
+    ALL = "all"  # every byte of the four rows
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,15 +64,11 @@ class PerturbConfig:
 
     def enabled_probabilities(self) -> dict[str, float]:
         """The perturbations with a non-zero probability, by short name."""
-        candidates = {
-            "next_token_swap": self.next_token_swap_prob,
-            "req_to_token": self.req_to_token_prob,
-            "real_kv_used": self.real_kv_used_prob,
-            "real_kv_unused_cache": self.real_kv_unused_cache_prob,
-            "real_kv_post_forward": self.real_kv_post_forward_prob,
-            "input_ids": self.input_ids_prob,
+        return {
+            name.removesuffix("_prob"): getattr(self, name)
+            for name in (f.name for f in dataclasses.fields(self))
+            if name.endswith("_prob") and getattr(self, name) > 0.0
         }
-        return {name: prob for name, prob in candidates.items() if prob > 0.0}
 
     @property
     def any_enabled(self) -> bool:
@@ -155,6 +100,13 @@ class CanaryConfig:
         """False means: register no hook, import nothing more."""
         return self.canary_enabled or self.enable_token_oracle
 
+    @property
+    def token_history_enabled(self) -> bool:
+        """Either token check reads the requests' token histories."""
+        return self.canary_enabled and (
+            self.enable_verify_token_assert or self.enable_write_input_assert
+        )
+
     def describe(self) -> str:
         """One human-readable line of what is enabled, for the start-up log."""
         parts = [f"mode={self.mode.value}"]
@@ -164,10 +116,10 @@ class CanaryConfig:
             parts.append(f"ring_capacity={self.ring_capacity}")
             parts.append(f"stats_every={self.stats_print_every_n_steps}")
             parts.append(f"health_check_every={self.health_check_every_n_steps}")
-        parts.append(f"token_oracle={'on' if self.enable_token_oracle else 'off'}")
+        parts.append(f"token_oracle={_on_off(self.enable_token_oracle)}")
         if self.canary_enabled:
-            parts.append(f"write_input_assert={'on' if self.enable_write_input_assert else 'off'}")
-            parts.append(f"verify_token_assert={'on' if self.enable_verify_token_assert else 'off'}")
+            parts.append(f"write_input_assert={_on_off(self.enable_write_input_assert)}")
+            parts.append(f"verify_token_assert={_on_off(self.enable_verify_token_assert)}")
         perturbations = self.perturb.enabled_probabilities()
         if perturbations:
             listed = ",".join(f"{name}:{prob:g}" for name, prob in perturbations.items())
@@ -180,25 +132,29 @@ class CanaryConfig:
         return "KV canary enabled: " + " ".join(parts)
 
 
-# ----------------------------------------------------------------------------- parsing
+def _on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
+# ----------------------------------------------------------------------------- parsers
 
 _E = TypeVar("_E", bound=enum.Enum)
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+Parser = Callable[[str, str], Any]  # (variable name, raw text) -> value; raises CanaryConfigError
 
 
 def _error(name: str, raw: str, allowed: str) -> CanaryConfigError:
     return CanaryConfigError(f"{name}={raw!r} is invalid; allowed: {allowed}")
 
 
-def _parse_enum(enum_type: type[_E]) -> Callable[[str, str], _E]:
+def _enum_parser(enum_type: type[_E]) -> Parser:
     def parse(name: str, raw: str) -> _E:
         text = raw.strip().lower()
         for member in enum_type:
             if member.value == text:
                 return member
-        allowed = ", ".join(member.value for member in enum_type)
-        raise _error(name, raw, allowed)
+        raise _error(name, raw, ", ".join(member.value for member in enum_type))
 
     return parse
 
@@ -212,7 +168,7 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise _error(name, raw, "1/0, true/false, yes/no, on/off")
 
 
-def _parse_int(*, minimum: int) -> Callable[[str, str], int]:
+def _int_parser(*, minimum: int) -> Parser:
     def parse(name: str, raw: str) -> int:
         try:
             value = int(raw.strip())
@@ -235,6 +191,159 @@ def _parse_probability(name: str, raw: str) -> float:
     return value
 
 
+# ----------------------------------------------------------------------------- "has no effect"
+
+_MODE = ENV_PREFIX + "MODE"
+_ORACLE = ENV_PREFIX + "ENABLE_TOKEN_ORACLE"
+_SWEEP = ENV_PREFIX + "SWEEP_INTERVAL"
+NoEffect = Callable[[CanaryConfig], "str | None"]  # why a setting does nothing here, or None
+
+
+def _needs_canary(config: CanaryConfig) -> str | None:
+    if config.canary_enabled:
+        return None
+    return f"{_MODE}=none (the canary is off); set {_MODE}=log or raise"
+
+
+def _needs_oracle(config: CanaryConfig) -> str | None:
+    if config.enable_token_oracle:
+        return None
+    return f"it compares against or perturbs the token oracle's tokens; set {_ORACLE}=1"
+
+
+def _needs_canary_and_oracle(config: CanaryConfig) -> str | None:
+    return _needs_canary(config) or _needs_oracle(config)
+
+
+def _needs_a_perturbation(config: CanaryConfig) -> str | None:
+    if config.perturb.any_enabled:
+        return None
+    return f"no perturbation is enabled (every {ENV_PREFIX}PERTURB_*_PROB is 0)"
+
+
+def _needs_sweep(config: CanaryConfig) -> str | None:
+    if reason := _needs_canary(config):
+        return reason
+    if config.sweep_interval > 0:
+        return None
+    return f"only the radix sweep sees cached slots no request uses; set {_SWEEP} >= 1"
+
+
+def _always_effective(config: CanaryConfig) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Knob:
+    """One environment variable: where its value goes, how it is parsed, what it means, and
+    when setting it would have no effect."""
+
+    suffix: str
+    field: str  # attribute of CanaryConfig, or "perturb.<attribute>"
+    parse: Parser
+    default: str
+    allowed: str  # for the README table and error messages
+    meaning: str
+    off_value: str | None  # a value that switches the feature off (accepted anywhere)
+    no_effect: NoEffect
+
+    @property
+    def name(self) -> str:
+        return ENV_PREFIX + self.suffix
+
+
+def _probability(suffix: str, meaning: str, no_effect: NoEffect = _needs_canary) -> Knob:
+    return Knob(
+        suffix=suffix, field="perturb." + suffix.removeprefix("PERTURB_").lower(),
+        parse=_parse_probability, default="0", allowed="probability in [0, 1]", meaning=meaning,
+        off_value="0", no_effect=no_effect,
+    )
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(suffix="MODE", field="mode", parse=_enum_parser(CanaryMode), default="none",
+         allowed="none, log, raise",
+         meaning="none: no canary; log: violations logged, serving goes on; raise: the first "
+                 "violation raises in the scheduler",
+         off_value="none", no_effect=_always_effective),
+    Knob(suffix="REAL_DATA", field="real_data", parse=_enum_parser(RealDataMode),
+         default="none", allowed="none, partial, all",
+         meaning="fingerprint of the real K/V bytes per slot, K and V of the first and last "
+                 "layer (partial: 16 bytes of each, rotating with the slot)",
+         off_value="none", no_effect=_needs_canary),
+    Knob(suffix="SWEEP_INTERVAL", field="sweep_interval", parse=_int_parser(minimum=0),
+         default="0", allowed="integer >= 0",
+         meaning="every N steps verify every slot held by the radix cache (0: off)",
+         off_value="0", no_effect=_needs_canary),
+    Knob(suffix="ENABLE_TOKEN_ORACLE", field="enable_token_oracle", parse=_parse_bool,
+         default="0", allowed="boolean",
+         meaning="per-request int ids + the token_oracle sampling backend",
+         off_value="0", no_effect=_always_effective),
+    Knob(suffix="ENABLE_WRITE_INPUT_ASSERT", field="enable_write_input_assert",
+         parse=_parse_bool, default="0", allowed="boolean",
+         meaning="check the input_ids/positions the model consumes against expectations",
+         off_value="0", no_effect=_needs_canary_and_oracle),
+    Knob(suffix="ENABLE_VERIFY_TOKEN_ASSERT", field="enable_verify_token_assert",
+         parse=_parse_bool, default="0", allowed="boolean",
+         meaning="check each verified slot's stored token against the request's history",
+         off_value="0", no_effect=_needs_canary),
+    Knob(suffix="RING_CAPACITY", field="ring_capacity", parse=_int_parser(minimum=1),
+         default="1024", allowed="integer >= 1",
+         meaning="violation rows kept on the device between two reads by the host",
+         off_value=None, no_effect=_needs_canary),
+    Knob(suffix="STATS_PRINT_EVERY_N_STEPS", field="stats_print_every_n_steps",
+         parse=_int_parser(minimum=0), default="100", allowed="integer >= 0",
+         meaning="periodic 'protected N tokens, W slots written, K violations' line (0: off)",
+         off_value="0", no_effect=_needs_canary),
+    Knob(suffix="HEALTH_CHECK_EVERY_N_STEPS", field="health_check_every_n_steps",
+         parse=_int_parser(minimum=1), default="100", allowed="integer >= 1",
+         meaning="how often the 'health ok' line confirms every forward ran the canary",
+         off_value=None, no_effect=_needs_canary),
+    Knob(suffix="PERTURB_WARMUP_STEPS", field="perturb.warmup_steps",
+         parse=_int_parser(minimum=0), default="50", allowed="integer >= 0",
+         meaning="no perturbation before this many forward steps (next_token_swap: calls of "
+                 "the oracle sampler)",
+         off_value=None, no_effect=_needs_a_perturbation),
+    Knob(suffix="PERTURB_SEED", field="perturb.seed", parse=_int_parser(minimum=0),
+         default="0", allowed="integer >= 0",
+         meaning="seed of the perturbations' random choices (runs reproduce)",
+         off_value=None, no_effect=_needs_a_perturbation),
+    _probability("PERTURB_NEXT_TOKEN_SWAP_PROB",
+                 "swap two requests' sampled tokens at the oracle sampler's exit",
+                 no_effect=_needs_oracle),
+    _probability("PERTURB_REQ_TO_TOKEN_PROB",
+                 "point a live request's req_to_token entry at another live request's slot"),
+    _probability("PERTURB_REAL_KV_USED_PROB", "flip a byte of a live slot's K/V"),
+    _probability("PERTURB_REAL_KV_UNUSED_CACHE_PROB",
+                 "flip a byte of a cached slot no live request uses", no_effect=_needs_sweep),
+    _probability("PERTURB_REAL_KV_POST_FORWARD_PROB", "flip a byte of a slot just written"),
+    _probability("PERTURB_INPUT_IDS_PROB",
+                 "overwrite one row's input token right before the forward"),
+)
+KNOWN_NAMES: frozenset[str] = frozenset(knob.name for knob in KNOBS)
+
+# Knobs this release does not implement yet: refused when switched on, never silently ignored.
+NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
+    "SWEEP_INTERVAL",
+    "PERTURB_REAL_KV_UNUSED_CACHE_PROB",
+    "PERTURB_REAL_KV_POST_FORWARD_PROB",
+})
+
+
+def markdown_table() -> str:
+    """The README's configuration table, generated from :data:`KNOBS`."""
+    lines = ["| variable | values | default | meaning |", "|---|---|---|---|"]
+    for knob in KNOBS:
+        meaning = knob.meaning
+        if knob.suffix in NOT_YET_IMPLEMENTED:
+            meaning += " — not implemented yet, refused"
+        lines.append(f"| `{knob.name}` | {knob.allowed} | `{knob.default}` | {meaning} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
 def _reject_unknown_names(environ: Mapping[str, str]) -> None:
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in KNOWN_NAMES)
     if not unknown:
@@ -250,101 +359,44 @@ def _reject_unknown_names(environ: Mapping[str, str]) -> None:
     )
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise CanaryConfigError(message)
-
-
 def parse_config(environ: Mapping[str, str]) -> CanaryConfig:
     """Build and validate the configuration from an environment mapping.
 
     Raises:
-        CanaryConfigError: a value is malformed, a name is unknown, or a combination of settings
-            would leave something silently without effect.
+        CanaryConfigError: a value is malformed, a name is unknown, a feature is not
+            implemented, or a variable is set where it would have no effect.
     """
     _reject_unknown_names(environ)
-    defaults = {v.name: v.default for v in VARIABLES}
-
-    def get(suffix: str, parse: Callable[[str, str], object]) -> object:
-        name = ENV_PREFIX + suffix
-        return parse(name, environ.get(name, defaults[name]))
-
-    perturb = PerturbConfig(
-        warmup_steps=get("PERTURB_WARMUP_STEPS", _parse_int(minimum=0)),
-        seed=get("PERTURB_SEED", _parse_int(minimum=0)),
-        next_token_swap_prob=get("PERTURB_NEXT_TOKEN_SWAP_PROB", _parse_probability),
-        req_to_token_prob=get("PERTURB_REQ_TO_TOKEN_PROB", _parse_probability),
-        real_kv_used_prob=get("PERTURB_REAL_KV_USED_PROB", _parse_probability),
-        real_kv_unused_cache_prob=get("PERTURB_REAL_KV_UNUSED_CACHE_PROB", _parse_probability),
-        real_kv_post_forward_prob=get("PERTURB_REAL_KV_POST_FORWARD_PROB", _parse_probability),
-        input_ids_prob=get("PERTURB_INPUT_IDS_PROB", _parse_probability),
-    )
-    config = CanaryConfig(
-        mode=get("MODE", _parse_enum(CanaryMode)),
-        real_data=get("REAL_DATA", _parse_enum(RealDataMode)),
-        sweep_interval=get("SWEEP_INTERVAL", _parse_int(minimum=0)),
-        enable_token_oracle=get("ENABLE_TOKEN_ORACLE", _parse_bool),
-        enable_write_input_assert=get("ENABLE_WRITE_INPUT_ASSERT", _parse_bool),
-        enable_verify_token_assert=get("ENABLE_VERIFY_TOKEN_ASSERT", _parse_bool),
-        ring_capacity=get("RING_CAPACITY", _parse_int(minimum=1)),
-        stats_print_every_n_steps=get("STATS_PRINT_EVERY_N_STEPS", _parse_int(minimum=0)),
-        health_check_every_n_steps=get("HEALTH_CHECK_EVERY_N_STEPS", _parse_int(minimum=1)),
-        perturb=perturb,
-    )
-    _validate_combinations(config)
+    top: dict[str, Any] = {}
+    perturb: dict[str, Any] = {}
+    for knob in KNOBS:
+        value = knob.parse(knob.name, environ.get(knob.name, knob.default))
+        section, _, attribute = knob.field.rpartition(".")
+        (perturb if section == "perturb" else top)[attribute] = value
+    config = CanaryConfig(**top, perturb=PerturbConfig(**perturb))
+    for knob in KNOBS:
+        raw = environ.get(knob.name)
+        if raw is None or _is_off(knob, raw):
+            continue
+        if knob.suffix in NOT_YET_IMPLEMENTED:
+            raise CanaryConfigError(
+                f"{knob.name}={raw!r}: not implemented in this release of sglang-kv-canary; "
+                f"allowed: {knob.off_value} (or unset it)"
+            )
+        reason = knob.no_effect(config)
+        if reason is not None:
+            raise CanaryConfigError(
+                f"{knob.name}={raw!r} would have no effect: {reason}; "
+                f"or unset {knob.name}"
+            )
     return config
 
 
-# Knobs of the spec this release does not implement yet: refused, never silently ignored.
-_NOT_YET_IMPLEMENTED: dict[str, Callable[[CanaryConfig], bool]] = {
-    "SWEEP_INTERVAL": lambda c: c.sweep_interval > 0,
-    "PERTURB_REAL_KV_UNUSED_CACHE_PROB": lambda c: c.perturb.real_kv_unused_cache_prob > 0,
-    "PERTURB_REAL_KV_POST_FORWARD_PROB": lambda c: c.perturb.real_kv_post_forward_prob > 0,
-}
-
-
-def _validate_combinations(config: CanaryConfig) -> None:
-    """Reject settings that would have no effect: nothing may be silently disabled."""
-    mode_name = ENV_PREFIX + "MODE"
-    needs_canary = {
-        "REAL_DATA": config.real_data is not RealDataMode.NONE,
-        "SWEEP_INTERVAL": config.sweep_interval > 0,
-        "ENABLE_WRITE_INPUT_ASSERT": config.enable_write_input_assert,
-        "ENABLE_VERIFY_TOKEN_ASSERT": config.enable_verify_token_assert,
-        "PERTURB_REQ_TO_TOKEN_PROB": config.perturb.req_to_token_prob > 0,
-        "PERTURB_REAL_KV_USED_PROB": config.perturb.real_kv_used_prob > 0,
-        "PERTURB_REAL_KV_UNUSED_CACHE_PROB": config.perturb.real_kv_unused_cache_prob > 0,
-        "PERTURB_REAL_KV_POST_FORWARD_PROB": config.perturb.real_kv_post_forward_prob > 0,
-        "PERTURB_INPUT_IDS_PROB": config.perturb.input_ids_prob > 0,
-    }
-    for suffix, is_set in needs_canary.items():
-        _require(
-            not is_set or config.canary_enabled,
-            f"{ENV_PREFIX}{suffix} is set but {mode_name}=none, so it would do nothing; "
-            f"set {mode_name}=log or raise, or unset {ENV_PREFIX}{suffix}",
-        )
-    oracle_name = ENV_PREFIX + "ENABLE_TOKEN_ORACLE"
-    for suffix, is_set in {
-        "ENABLE_WRITE_INPUT_ASSERT": config.enable_write_input_assert,
-        "PERTURB_NEXT_TOKEN_SWAP_PROB": config.perturb.next_token_swap_prob > 0,
-    }.items():
-        _require(
-            not is_set or config.enable_token_oracle,
-            f"{ENV_PREFIX}{suffix} needs the token oracle (it compares against / perturbs "
-            f"oracle tokens); set {oracle_name}=1",
-        )
-    _require(
-        config.perturb.real_kv_unused_cache_prob == 0 or config.sweep_interval > 0,
-        f"{ENV_PREFIX}PERTURB_REAL_KV_UNUSED_CACHE_PROB is set but "
-        f"{ENV_PREFIX}SWEEP_INTERVAL=0: only the sweep can see unused cached slots; "
-        f"set {ENV_PREFIX}SWEEP_INTERVAL >= 1",
-    )
-    for suffix, is_set in _NOT_YET_IMPLEMENTED.items():
-        _require(
-            not is_set(config),
-            f"{ENV_PREFIX}{suffix} is not implemented in this release of sglang-kv-canary; "
-            f"unset it (see README, 'Not yet implemented')",
-        )
+def _is_off(knob: Knob, raw: str) -> bool:
+    """True when ``raw`` means the same as the knob's off value (always valid)."""
+    if knob.off_value is None:
+        return False
+    return knob.parse(knob.name, raw) == knob.parse(knob.name, knob.off_value)
 
 
 # ----------------------------------------------------------------------------- the one read
@@ -382,3 +434,7 @@ def set_active_config_for_testing(config: CanaryConfig | None) -> None:
     """Replace the cached configuration (tests only)."""
     global _active_config
     _active_config = config
+
+
+if __name__ == "__main__":
+    print(markdown_table())

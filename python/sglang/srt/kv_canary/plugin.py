@@ -5,9 +5,11 @@ scheduler process, then applies the registered hooks. With no ``SGLANG_KV_CANARY
 enabled it returns at once: no hook is registered and nothing beyond :mod:`.config` is imported.
 
 SGLang's loader catches ``Exception`` from plugin functions and only logs it, which would leave a
-server running without its canary. Configuration and hook-target errors are therefore raised as
+server running without its canary. Every failure here is therefore raised as
 :class:`CanaryStartupError`, a ``SystemExit``: ``launch_server`` stops in the CLI process, before
-any model is loaded, with a short message.
+any model is loaded, with a short message. Registration is all or nothing (see
+:mod:`.hook_registration`), and ``ModelRunner.initialize`` checks again that every hook the
+configuration needs is in place.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ def _argv_requests_oracle_backend(argv: list[str]) -> bool:
 
 
 def activate() -> None:
-    """Build the configuration; register the hooks of the enabled features, or nothing."""
+    """Build the configuration; register the hooks of the enabled features, or nothing.
+
+    Raises:
+        CanaryStartupError: invalid configuration, a missing hook target, an adapter that cannot
+            be imported, or any other failure while registering.
+    """
     try:
         config = load_config_from_environment()
     except CanaryConfigError as exc:
@@ -49,9 +56,9 @@ def activate() -> None:
     if not config.anything_enabled:
         return
 
-    from sglang.srt.kv_canary.hook_targets import HookTargetError, register_hooks
-
     try:
+        from sglang.srt.kv_canary.hook_registration import register_hooks
+
         register_hooks(config)
-    except HookTargetError as exc:
-        raise CanaryStartupError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - anything here would leave the server unchecked
+        raise CanaryStartupError(f"{type(exc).__name__}: {exc}") from exc

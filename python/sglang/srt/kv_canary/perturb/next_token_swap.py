@@ -1,4 +1,4 @@
-"""next_token_swap (SPEC §8): swap two requests' sampled tokens at the oracle sampler's exit.
+"""next_token_swap: swap two requests' sampled tokens at the oracle sampler's exit.
 
 The KV cache stays consistent (each request then consumes the other's token as its next input,
 through the normal write path), so among the canary's checks only the write-input assert may
@@ -37,7 +37,6 @@ from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_PREFIX
 logger = logging.getLogger(__name__)
 
 FAULT_NAME = "next_token_swap"
-SAMPLED_ROWS_ATTR = "kv_canary_sampled_rows"  # attribute of SamplingBatchInfo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from sglang.srt.kv_canary.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.scenarios import default_scenarios, run_scenario
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_PREFIX
-from sglang.srt.kv_canary.request_ids import stable_hash_str_to_i64
+from sglang.srt.kv_canary.token_oracle.request_ids import stable_hash_str_to_i64
 from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest
 from sglang.srt.kv_canary.token_oracle.oracle import hash_oracle_token_scalar
 

@@ -1,11 +1,12 @@
 """The self-check's scenarios: clean runs, each perturbation, raise mode, a stopped canary path.
 
-Every scenario installs the canary exactly as the server does (``install_canary``, the
-``ModelRunner.forward`` hook, the ``ForwardBatch.init_new`` hooks the hook table selects for the
-configuration, the monitor, the fault injector; with the token oracle, the oracle's manager and
-its sampler's tokens) on a fresh :class:`~.simulation.SimulatedServer`, runs the mixed workload,
-and judges what the canary logged: the same ``kv_canary violation:`` / ``kv_canary perturb:`` /
-stats / health lines a server writes.
+Every scenario installs the canary exactly as the server does (a
+:class:`~..runner.canary_runner.CanaryRunner` on the runner, the ``ModelRunner.forward`` and
+``ForwardBatch.init_new`` adapters the hook table selects for the configuration, the monitor,
+the fault injector; with the token oracle, the oracle's manager and its sampler's tokens) on a
+fresh :class:`~.simulation.SimulatedServer`, runs the mixed workload, and judges what the canary
+logged: the same ``kv_canary violation:`` / ``kv_canary perturb:`` / stats / health lines a
+server writes.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from dataclasses import dataclass, field, replace
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
-from sglang.srt.kv_canary.core_hooks import around_model_runner_forward
-from sglang.srt.kv_canary.health import HEALTH_OK_PREFIX, CanaryHealthError
+from sglang.srt.kv_canary.hooks.model_runner import around_forward
+from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX, CanaryHealthError
 from sglang.srt.kv_canary.hook_targets import select_hook_specs
-from sglang.srt.kv_canary.kernels import CanaryKernels
-from sglang.srt.kv_canary.model_forward import uninstall_model_forward
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
-from sglang.srt.kv_canary.runtime import CanaryRuntime, install_canary
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner, attach_canary_runner
+from sglang.srt.kv_canary.runner.kernels import CanaryKernels
+from sglang.srt.kv_canary.runner.model_forward import uninstall_model_forward
 from sglang.srt.kv_canary.selfcheck.sampling import ForeignTokenFault, OracleSampler
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
@@ -33,8 +34,8 @@ from sglang.srt.kv_canary.selfcheck.simulation import (
     default_server,
     run_mixed_workload,
 )
-from sglang.srt.kv_canary.stats import STATS_LINE_RE
-from sglang.srt.kv_canary.violations import (
+from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
+from sglang.srt.kv_canary.monitor.violations import (
     CanaryViolationError,
     ViolationRow,
     find_violation_rows,
@@ -177,9 +178,9 @@ def _token_check_scenarios(partial: CanaryConfig) -> list[Scenario]:
 
 
 def init_new_hooks(config: CanaryConfig) -> list[InitNewHook]:
-    """The ``ForwardBatch.init_new`` AFTER hooks the hook table registers for ``config``."""
+    """The ``ForwardBatch.init_new`` AFTER adapters the hook table registers for ``config``."""
     return [
-        pkgutil.resolve_name(spec.implementation)
+        pkgutil.resolve_name(spec.adapter)
         for spec in select_hook_specs(config)
         if spec.target.endswith(".ForwardBatch.init_new") and spec.hook_type == "after"
     ]
@@ -223,15 +224,32 @@ class _LogCapture(logging.Handler):
         logger.propagate = self._saved[1]
 
 
+def install_canary_runner(
+    *, model_runner: SimulatedModelRunner, config: CanaryConfig, kernels: CanaryKernels
+) -> CanaryRunner:
+    """What the server's ``ModelRunner.initialize`` and memory-pool hooks do, on a CPU runner:
+    the runner's canary (with the oracle when on), its device state beside the pool, serving
+    started. (The server's flag refusals are skipped: this runs on a CPU.)"""
+    runner = attach_canary_runner(
+        model_runner=model_runner,
+        runner=CanaryRunner(config=config, model_runner=model_runner, kernels=kernels),
+    )
+    runner.install_oracle()
+    runner.on_memory_pool()
+    runner.on_serving_start()
+    return runner
+
+
 def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) -> Outcome:
     """Run the mixed workload under ``scenario`` and judge the canary's output."""
     outcome = Outcome(scenario=scenario, page_size=page_size)
-    runtime: CanaryRuntime | None = None
+    stopped_at: list[int] = []
 
     def forward(batch: object) -> object:
-        if scenario.stop_canary and runtime.steps == _STOP_AT_STEP:
+        if scenario.stop_canary and server.forwards == _STOP_AT_STEP and not stopped_at:
             uninstall_model_forward(server.runner.model)
-        return around_model_runner_forward(SimulatedModelRunner.forward, server.runner, batch)
+            stopped_at.append(server.forwards)
+        return around_forward(SimulatedModelRunner.forward, server.runner, batch)
 
     server = default_server(
         page_size=page_size,
@@ -239,20 +257,14 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
         init_new_hooks=init_new_hooks(scenario.config),
         sampler=_sampler(scenario),
     )
-    if scenario.config.enable_token_oracle:
-        install_token_oracle(server.runner)
     error: Exception | None = None
     with _LogCapture() as capture:
-        runtime = install_canary(
-            model_runner=server.runner,
-            config=scenario.config,
-            kernels=kernels,
-            memory_source="beside a CPU test pool (no KV budget to take it from)",
+        runner = install_canary_runner(
+            model_runner=server.runner, config=scenario.config, kernels=kernels
         )
-        runtime.reset_for_serving()
         try:
             run_mixed_workload(server)
-            runtime.monitor.poll()  # what the server's idle hook does
+            runner.on_idle()
         except (CanaryViolationError, CanaryHealthError) as exc:
             error = exc
     outcome.forwards = server.forwards
@@ -262,20 +274,9 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
     judge = _judge_stopped if scenario.stop_canary else _judge_run
     outcome.passed, outcome.detail = judge(
         scenario=scenario, rows=outcome.rows, faults=faults, error=error,
-        lines=capture.lines, steps=runtime.steps,
+        lines=capture.lines, steps=server.forwards,
     )
     return outcome
-
-
-def install_token_oracle(runner: SimulatedModelRunner) -> None:
-    """What the oracle's ``ModelRunner.initialize`` hook leaves on a runner: its manager (call
-    before ``install_canary``)."""
-    from sglang.srt.kv_canary.token_oracle.install import TOKEN_ORACLE_MANAGER_ATTR
-    from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
-    from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
-
-    manager = TokenOracleManager(oracle=HashOracle(vocab_size=runner.model_config.vocab_size))
-    setattr(runner, TOKEN_ORACLE_MANAGER_ATTR, manager)
 
 
 def _judge_stopped(*, error: Exception | None, steps: int, **_: object) -> tuple[bool, str]:

@@ -24,13 +24,8 @@ from typing import Any, Protocol
 
 import torch
 
-from sglang.srt.kv_canary.request_ids import (
-    RID_PAD_VALUE,
-    RIDS_INT_ATTR,
-    ROOM_PAD_VALUE,
-    request_ids_of,
-    set_request_ids,
-)
+from sglang.srt.kv_canary.runner.batch_inputs import attach_batch_inputs, batch_inputs_of
+from sglang.srt.kv_canary.token_oracle.request_ids import RID_PAD_VALUE, ROOM_PAD_VALUE
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import (
@@ -69,6 +64,7 @@ class SimulatedModelConfig:
     """The ``ModelConfig`` fields the canary reads."""
 
     vocab_size: int = VOCAB_SIZE
+    context_len: int = 124  # req_to_token's 128 columns minus SGLang's 4 extra ones
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +75,11 @@ class SimulatedServerArgs:
     max_prefill_tokens: int = 16
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = None
+    max_running_requests: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_algorithm: str | None = None
+    disable_overlap_schedule: bool = False
+    sampling_backend: str = "token_oracle"
 
 
 class SimulatedModelRunner:
@@ -98,6 +99,9 @@ class SimulatedModelRunner:
         self.server_args = SimulatedServerArgs()
         self.max_running_requests = max_running_requests
         self.device = "cpu"
+        self.is_draft_worker = False
+        self.page_size = token_to_kv_pool.page_size
+        self.dp_size = 1
 
     def forward(self, forward_batch: ForwardBatch) -> Any:
         """What ``ModelRunner.forward`` does for these batches: call ``model.forward`` (on the
@@ -111,7 +115,7 @@ class SimulatedModelRunner:
 def pad_like_a_graph_replay(live: ForwardBatch, *, padded_rows: int) -> ForwardBatch:
     """The batch a decode graph replayed for ``live`` runs on: the live rows, then
     ``padded_rows`` rows of request row 0, cache location 0 and sequence length 1; request ids
-    (when present) padded with 0 / -1 (SPEC §3)."""
+    (when present) padded with 0 / -1, as the graph's static id buffers are."""
 
     def pad(tensor: torch.Tensor, value: int) -> torch.Tensor:
         return torch.cat([tensor, tensor.new_full((padded_rows,), value)])
@@ -131,10 +135,14 @@ def pad_like_a_graph_replay(live: ForwardBatch, *, padded_rows: int) -> ForwardB
         token_to_kv_pool=live.token_to_kv_pool,
         rids=live.rids,
     )
-    if getattr(live, RIDS_INT_ATTR, None) is not None:
-        rids_int, rooms = request_ids_of(live)
-        set_request_ids(static, rids_int=pad(rids_int, RID_PAD_VALUE),
-                        bootstrap_room_ids_int=pad(rooms, ROOM_PAD_VALUE))
+    inputs = batch_inputs_of(live)
+    if inputs is not None:
+        if inputs.rids_int is not None:
+            inputs = inputs.replace(
+                rids_int=pad(inputs.rids_int, RID_PAD_VALUE),
+                bootstrap_room_ids_int=pad(inputs.bootstrap_room_ids_int, ROOM_PAD_VALUE),
+            )
+        attach_batch_inputs(static, inputs)
     return static
 
 

@@ -1,1 +1,1 @@
-"""The deterministic token oracle and its ``token_oracle`` sampling backend (SPEC §4)."""
+"""The deterministic token oracle, per-request ids and the ``token_oracle`` sampling backend."""

@@ -7,7 +7,8 @@ runs the target in TARGET_VERIFY mode and then picks the target's tokens in
 or tree speculative sampling), again without the sampling backend. Left alone, every token
 after the first of each request would be the dummy model's argmax.
 
-AROUND that ``sample``, when the ``token_oracle`` backend is in use, the target logits are
+Around that ``sample`` (the runner's canary calls :func:`sample_verify_with_oracle` from the
+hook), the target logits are
 replaced for the duration of the call by one-hot logits of the oracle's token after each
 verified position (``0`` at the oracle token, ``-inf`` elsewhere). Greedy verification then
 predicts exactly the oracle's tokens, and so does speculative sampling (the target
@@ -23,9 +24,8 @@ from typing import Any
 
 import torch
 
-from sglang.srt.kv_canary.request_ids import generalized_req_ids_of
-from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
-from sglang.srt.kv_canary.token_oracle.sampler import installed_oracle_manager
+from sglang.srt.kv_canary.token_oracle.request_ids import generalized_req_ids_of
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 
 
 def oracle_one_hot_logits(
@@ -53,25 +53,31 @@ def oracle_one_hot_logits(
 
 
 def sample_verify_with_oracle(
-    original: Callable[..., Any],
-    verify_input: Any,
+    *,
+    manager: TokenOracleManager,
     batch: Any,
     logits_output: Any,
-    *args: Any,
-    **kwargs: Any,
+    draft_token_num: int,
+    verify_positions: torch.Tensor,
+    sample: Callable[[], Any],
 ) -> Any:
-    """AROUND ``EagleVerifyInputV2Mixin.sample(batch, logits_output, vocab_mask=None)``.
+    """Run EAGLE v2's ``sample`` with the target logits replaced by the oracle's one-hot logits.
 
+    Args:
+        batch: the verify batch (its ``sampling_info`` carries the request ids).
+        logits_output: the target's logits output; ``next_token_logits`` is swapped during
+            ``sample()`` and restored afterwards.
+        draft_token_num: verified tokens per request.
+        verify_positions: the position of each verified token.
+        sample: runs the original ``sample``.
     Raises:
         MissingRequestIdsError: the batch's sampling info has no per-request ids.
         ValueError: the logits do not hold ``draft_token_num`` rows per request.
     """
-    manager = installed_oracle_manager()
-    if manager is None or batch.forward_mode.is_idle():
-        return original(verify_input, batch, logits_output, *args, **kwargs)
+    if batch.forward_mode.is_idle():
+        return sample()
     real_logits = logits_output.next_token_logits
     rows = len(batch.seq_lens)
-    draft_token_num = verify_input.draft_token_num
     if real_logits.shape[0] != rows * draft_token_num:
         raise ValueError(
             f"EAGLE verify: {real_logits.shape[0]} logits rows for {rows} requests of "
@@ -80,11 +86,11 @@ def sample_verify_with_oracle(
     logits_output.next_token_logits = oracle_one_hot_logits(
         manager=manager,
         generalized_req_ids=generalized_req_ids_of(batch.sampling_info)[:rows],
-        verify_positions=verify_input.positions[: real_logits.shape[0]],
+        verify_positions=verify_positions[: real_logits.shape[0]],
         draft_token_num=draft_token_num,
         like=real_logits,
     )
     try:
-        return original(verify_input, batch, logits_output, *args, **kwargs)
+        return sample()
     finally:
         logits_output.next_token_logits = real_logits

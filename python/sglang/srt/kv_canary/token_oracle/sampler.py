@@ -6,8 +6,9 @@ argparse choices). Registration happens twice per deployment, both idempotent:
 
 * in the CLI process, before the parser is built (BEFORE hook on ``ServerArgs.add_cli_args``),
   so ``--sampling-backend token_oracle`` parses;
-* in each scheduler process by :func:`install_oracle_sampler`, before ``ModelRunner.initialize``
-  calls ``create_sampler()``.
+* in each scheduler process by the target model runner's canary (:func:`register_oracle_sampler`
+  with a factory bound to that runner's oracle), before ``ModelRunner.initialize`` calls
+  ``create_sampler()``. SGLang's sampler registry holds the factory; this module keeps no state.
 
 :class:`OracleSampler` ignores the logits: each row's token is the oracle's token after the
 sampled position, then the optional next-token-swap perturbation. It computes nothing else
@@ -21,20 +22,18 @@ NaN detection and the cross-rank token sync do not apply: the oracle is determin
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.srt.kv_canary.config import PerturbConfig
 from sglang.srt.kv_canary.perturb.next_token_swap import (
-    SAMPLED_ROWS_ATTR,
     NextTokenSwapState,
     maybe_perturb_swap_next_tokens,
 )
-from sglang.srt.kv_canary.request_ids import generalized_req_ids_of
-from sglang.srt.kv_canary.token_oracle.oracle import TokenOracle
-from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
+from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
+from sglang.srt.kv_canary.token_oracle.request_ids import generalized_req_ids_of
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.srt.layers.sampler import Sampler, register_sampler_backend
 
 if TYPE_CHECKING:
@@ -89,7 +88,7 @@ class OracleSampler(Sampler):
         if self.next_token_swap is not None:
             next_token_ids = maybe_perturb_swap_next_tokens(
                 next_token_ids=next_token_ids,
-                sampled_rows=getattr(sampling_info, SAMPLED_ROWS_ATTR, None),
+                sampled_rows=_sampled_rows_of(sampling_info),
                 state=self.next_token_swap,
             )
         if return_logprob:
@@ -104,62 +103,33 @@ class OracleSampler(Sampler):
         return next_token_ids
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Installation:
-    manager: TokenOracleManager
-    perturb: PerturbConfig
+def _sampled_rows_of(sampling_info: object):
+    inputs = batch_inputs_of(sampling_info)
+    return None if inputs is None else inputs.sampled_rows
 
 
-_installation: _Installation | None = None
-_backend_registered = False
+def register_oracle_backend_choice() -> None:
+    """Make ``--sampling-backend token_oracle`` a valid choice in this process (the CLI process
+    parses it). A sampler created from this registration raises: in a scheduler process the
+    model runner's canary registers the real factory before ``create_sampler()`` runs."""
+    if TOKEN_ORACLE_BACKEND not in _registered_choices():
+        register_sampler_backend(TOKEN_ORACLE_BACKEND, _refuse_unbound_sampler)
 
 
-def _create_oracle_sampler() -> OracleSampler:
-    """The factory ``create_sampler()`` calls for ``--sampling-backend token_oracle``."""
-    if _installation is None:
-        raise RuntimeError(
-            f"the {TOKEN_ORACLE_BACKEND!r} sampling backend was requested before the token oracle "
-            "was installed in this process (install_oracle_sampler runs from the "
-            "ModelRunner.initialize hook when SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1)"
-        )
-    return OracleSampler(
-        manager=_installation.manager,
-        next_token_swap=NextTokenSwapState.from_config(_installation.perturb),
+def register_oracle_sampler(*, factory: Callable[[], OracleSampler]) -> None:
+    """Make ``create_sampler()`` build ``factory()`` for ``--sampling-backend token_oracle``."""
+    register_sampler_backend(TOKEN_ORACLE_BACKEND, factory)
+
+
+def _registered_choices() -> set[str]:
+    from sglang.srt.server_args import SAMPLING_BACKEND_CHOICES
+
+    return SAMPLING_BACKEND_CHOICES
+
+
+def _refuse_unbound_sampler() -> OracleSampler:
+    raise RuntimeError(
+        f"the {TOKEN_ORACLE_BACKEND!r} sampling backend was requested in a process where no "
+        "model runner installed the token oracle (it is installed by the ModelRunner.initialize "
+        "hook when SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1)"
     )
-
-
-def register_token_oracle_backend() -> None:
-    """Register the ``token_oracle`` backend with SGLang once per process."""
-    global _backend_registered
-    if not _backend_registered:
-        register_sampler_backend(TOKEN_ORACLE_BACKEND, _create_oracle_sampler)
-        _backend_registered = True
-
-
-def register_backend_before_cli_parsing(*args: object, **kwargs: object) -> None:
-    """BEFORE ``ServerArgs.add_cli_args``: make ``--sampling-backend token_oracle`` parse."""
-    register_token_oracle_backend()
-
-
-def install_oracle_sampler(
-    *, oracle: TokenOracle, perturb: PerturbConfig = PerturbConfig()
-) -> TokenOracleManager:
-    """Make ``oracle`` the token source of every ``token_oracle`` sampler created from now on.
-
-    Args:
-        oracle: the oracle (its vocabulary is the served model's).
-        perturb: the fault-injection settings; ``next_token_swap_prob > 0`` gives each sampler
-            its own :class:`NextTokenSwapState`.
-    Returns:
-        The manager the samplers (and the in-forward checks) share.
-    """
-    global _installation
-    manager = TokenOracleManager(oracle=oracle)
-    _installation = _Installation(manager=manager, perturb=perturb)
-    register_token_oracle_backend()
-    return manager
-
-
-def installed_oracle_manager() -> TokenOracleManager | None:
-    """The manager of the last :func:`install_oracle_sampler` in this process, if any."""
-    return None if _installation is None else _installation.manager

@@ -7,7 +7,7 @@ import torch
 from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
 from sglang.jit_kernel.kv_canary.consts import NUM_COUNTERS, RECORD_FIELDS, RING_ROW_FIELDS
 from sglang.srt.kv_canary.config import CanaryConfig, RealDataMode
-from sglang.srt.kv_canary.refusals import CanaryUnsupportedError
+from sglang.srt.kv_canary.runner.refusals import CanaryUnsupportedError
 
 PARTIAL_REAL_DATA_BYTES = 16  # SGLANG_KV_CANARY_REAL_DATA=partial folds the first 16 bytes
 _WORD_BYTES = 8

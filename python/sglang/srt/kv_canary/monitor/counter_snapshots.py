@@ -36,6 +36,8 @@ class CompletionEvent(Protocol):
 
     def query(self) -> bool: ...
 
+    def synchronize(self) -> None: ...
+
 
 class HostEvent:
     """Event of a CPU "device": copies there complete before ``copy_`` returns."""
@@ -45,6 +47,9 @@ class HostEvent:
 
     def query(self) -> bool:
         return True
+
+    def synchronize(self) -> None:
+        return None
 
 
 def event_factory_for(device: torch.device) -> Callable[[], CompletionEvent]:
@@ -58,8 +63,8 @@ def event_factory_for(device: torch.device) -> Callable[[], CompletionEvent]:
 class CounterSnapshot:
     """The device counters as of one forward, with the host's step counts at that point."""
 
-    steps: int  # ModelRunner.forward calls completed when the copy was enqueued
-    live_forwards: int  # of those, the forwards that ran the canary launches
+    steps: int  # forward steps with request rows completed when the copy was enqueued
+    launches: int  # canary launch pairs the host had enqueued when the copy was enqueued
     counters: tuple[int, ...]  # consts.py counter layout
 
     @property
@@ -73,7 +78,7 @@ class CounterSnapshot:
         return self.counters[COUNTER_ENTRIES + kind]
 
 
-ZERO_SNAPSHOT = CounterSnapshot(steps=0, live_forwards=0, counters=(0,) * NUM_COUNTERS)
+ZERO_SNAPSHOT = CounterSnapshot(steps=0, launches=0, counters=(0,) * NUM_COUNTERS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +86,7 @@ class _PendingCopy:
     host: torch.Tensor
     event: CompletionEvent
     steps: int
-    live_forwards: int
+    launches: int
 
 
 class CounterSnapshotPipe:
@@ -102,7 +107,7 @@ class CounterSnapshotPipe:
         ]
         self._pending: deque[_PendingCopy] = deque()
 
-    def enqueue(self, *, steps: int, live_forwards: int) -> bool:
+    def enqueue(self, *, steps: int, launches: int) -> bool:
         """Copy the counters on the current stream; False when every slot is still in flight."""
         if not self._free:
             return False
@@ -110,7 +115,7 @@ class CounterSnapshotPipe:
         host.copy_(self._counters, non_blocking=True)
         event.record()
         self._pending.append(
-            _PendingCopy(host=host, event=event, steps=steps, live_forwards=live_forwards)
+            _PendingCopy(host=host, event=event, steps=steps, launches=launches)
         )
         return True
 
@@ -122,9 +127,17 @@ class CounterSnapshotPipe:
             done.append(
                 CounterSnapshot(
                     steps=copy.steps,
-                    live_forwards=copy.live_forwards,
+                    launches=copy.launches,
                     counters=tuple(copy.host.tolist()),
                 )
             )
             self._free.append((copy.host, copy.event))
         return done
+
+    def discard(self) -> None:
+        """Forget every copy in flight (after the device counters were reset): waits for them."""
+        while self._pending:
+            copy = self._pending.popleft()
+            if not copy.event.query():
+                copy.event.synchronize()
+            self._free.append((copy.host, copy.event))

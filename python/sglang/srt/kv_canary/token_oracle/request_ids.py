@@ -1,4 +1,4 @@
-"""Per-request integer identity (SPEC §3): hashed request ids, bootstrap rooms, generalized ids.
+"""Per-request integer identity: hashed request ids, bootstrap rooms, generalized ids.
 
 Every row of a forward batch carries two int64 ids when the token oracle is enabled:
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -31,6 +32,9 @@ RID_PAD_VALUE = 0  # rids_int of a padded row
 ROOM_PAD_VALUE = -1  # bootstrap_room_ids_int of a padded row (and of a request without a room)
 _INT64_MAX = (1 << 63) - 1
 _ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
+_MAX_WARNED_ROOMS = 64  # bounded: a client must not make the log or this set grow without end
+_WARNED_ROOMS: set[object] = set()
+logger = logging.getLogger(__name__)
 
 
 class MissingRequestIdsError(RuntimeError):
@@ -53,19 +57,24 @@ def stable_hash_str_to_i64(rid: str) -> int:
     return int.from_bytes(digest, byteorder="little", signed=True)
 
 
-def _room_to_i64(bootstrap_room: int | None) -> int:
-    if bootstrap_room is None:
+def room_to_i64(bootstrap_room: object) -> int:
+    """The room as int64, or -1 (no room) where ``bootstrap_room`` is None or not a valid room.
+
+    A client chooses its request's ``bootstrap_room`` and SGLang does not range-check it; an
+    invalid one (negative, above 2**63 - 1, not an int) must never take the scheduler down, so
+    it falls back to "no room": the row's generalized id is its hashed rid. (Only a PD pair
+    needs rooms, and there SGLang's own bootstrap rejects invalid ones first.)
+    """
+    if bootstrap_room is None or isinstance(bootstrap_room, bool):
         return ROOM_PAD_VALUE
-    if isinstance(bootstrap_room, bool) or not isinstance(bootstrap_room, int):
-        raise TypeError(
-            f"bootstrap_room must be an int or None, got {type(bootstrap_room).__name__} "
-            f"({bootstrap_room!r})"
-        )
-    if not 0 <= bootstrap_room <= _INT64_MAX:
-        raise ValueError(
-            f"bootstrap_room={bootstrap_room} is invalid; allowed: None or an integer in "
-            f"[0, 2**63 - 1]"
-        )
+    if not isinstance(bootstrap_room, int) or not 0 <= bootstrap_room <= _INT64_MAX:
+        if bootstrap_room not in _WARNED_ROOMS and len(_WARNED_ROOMS) < _MAX_WARNED_ROOMS:
+            _WARNED_ROOMS.add(bootstrap_room)
+            logger.warning(
+                f"KV canary request ids: bootstrap_room={bootstrap_room!r} is not a valid room "
+                "(an integer in [0, 2**63 - 1]); the request is identified by its rid instead"
+            )
+        return ROOM_PAD_VALUE
     return bootstrap_room
 
 
@@ -92,9 +101,8 @@ def bootstrap_rooms_to_tensor(
     """``bootstrap_room_ids_int``: int64 ``[len(bootstrap_rooms)]``; None becomes -1.
 
     Raises:
-        ValueError / TypeError: a room is negative, above 2**63 - 1, or not an int.
     """
-    return _host_rows_to_device([[_room_to_i64(room) for room in bootstrap_rooms]], device)[0]
+    return _host_rows_to_device([[room_to_i64(room) for room in bootstrap_rooms]], device)[0]
 
 
 def request_ids_to_tensors(
@@ -105,7 +113,7 @@ def request_ids_to_tensors(
     Both are int64 ``[n]`` rows of one ``[2, n]`` device tensor (each row contiguous).
 
     Raises:
-        ValueError: ``rids`` and ``bootstrap_rooms`` differ in length, or a room is out of range.
+        ValueError: ``rids`` and ``bootstrap_rooms`` differ in length.
     """
     if len(rids) != len(bootstrap_rooms):
         raise ValueError(
@@ -114,7 +122,7 @@ def request_ids_to_tensors(
     both = _host_rows_to_device(
         [
             [stable_hash_str_to_i64(rid) for rid in rids],
-            [_room_to_i64(room) for room in bootstrap_rooms],
+            [room_to_i64(room) for room in bootstrap_rooms],
         ],
         device,
     )
@@ -122,18 +130,23 @@ def request_ids_to_tensors(
 
 
 def select_generalized_req_ids(
-    *, vanilla_req_ids: torch.Tensor, bootstrap_room_ids_int: torch.Tensor
+    *, vanilla_req_ids: torch.Tensor, bootstrap_room_ids_int: torch.Tensor | None
 ) -> torch.Tensor:
     """Per row: the bootstrap room when it is >= 0, else the hashed rid.
 
     Args:
         vanilla_req_ids: int64 ``[n]`` (``rids_int``).
-        bootstrap_room_ids_int: int64 ``[n]``, -1 where a request has no room.
+        bootstrap_room_ids_int: int64 ``[n]``, -1 where a request has no room; None when no
+            request has one (then the result is ``vanilla_req_ids`` itself).
     Returns:
         int64 ``[n]`` on the same device. Elementwise, no host sync: CUDA-graph capturable.
     Raises:
         TypeError / ValueError: a dtype is not int64, or the shapes differ.
     """
+    if bootstrap_room_ids_int is None:
+        if vanilla_req_ids.dtype != torch.int64:
+            raise TypeError(f"vanilla_req_ids must be int64, got {vanilla_req_ids.dtype}")
+        return vanilla_req_ids
     require_int64_same_shape(("vanilla_req_ids", vanilla_req_ids),
                              ("bootstrap_room_ids_int", bootstrap_room_ids_int))
     return torch.where(bootstrap_room_ids_int >= 0, bootstrap_room_ids_int, vanilla_req_ids)

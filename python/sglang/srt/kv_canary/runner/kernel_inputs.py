@@ -7,7 +7,7 @@ every replay reads the live values.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from sglang.jit_kernel.kv_canary.batch_view import BatchLayout, CanaryBatchView
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -18,15 +18,6 @@ _LAYOUTS: dict[ForwardMode, BatchLayout | None] = {
     ForwardMode.MIXED: BatchLayout.EXTEND,  # chunked prefill + decode rows (prefix = seq_len - 1)
     ForwardMode.IDLE: None,  # no request rows (DP attention): nothing to verify or write
 }
-
-
-class TokenCheckFields(Protocol):
-    """Source of the token-check fields of a view
-    (:class:`~sglang.srt.kv_canary.token_checks.checks.TokenChecks`)."""
-
-    def view_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
-        """``expected_*`` / ``verify_token`` keyword fields of ``CanaryBatchView``."""
-        ...
 
 
 class UnsupportedForwardModeError(RuntimeError):
@@ -51,25 +42,17 @@ def canary_layout(forward_mode: ForwardMode) -> BatchLayout | None:
 
 
 def build_batch_view(
-    forward_batch: ForwardBatch, *, token_checks: TokenCheckFields | None = None
-) -> CanaryBatchView | None:
-    """The canary's view of one forward, or None when it has no request rows (IDLE).
+    forward_batch: ForwardBatch, *, layout: BatchLayout, checks: dict[str, Any]
+) -> CanaryBatchView:
+    """The canary's view of one non-IDLE forward.
 
-    ``token_checks`` adds the token-check fields (history, write-input expectations); they are
-    computed only for a view that is built.
+    ``checks`` are the token-check fields (token history, write-input expectations).
 
     Rows with ``req_pool_indices == 0`` (CUDA-graph or DP-attention padding) are skipped by the
     kernels. For EXTEND-family batches the row count is taken from ``extend_prefix_lens``: DP
     attention pads ``req_pool_indices``/``seq_lens``/``extend_seq_lens`` but not the prefix
     lengths or start offsets, and the padded rows carry no tokens.
-
-    Raises:
-        UnsupportedForwardModeError: see :func:`canary_layout`.
     """
-    layout = canary_layout(forward_batch.forward_mode)
-    if layout is None:
-        return None
-    checks = {} if token_checks is None else token_checks.view_fields(forward_batch)
     if layout is BatchLayout.DECODE:
         return CanaryBatchView(
             layout=layout,

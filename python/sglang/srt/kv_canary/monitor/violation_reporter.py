@@ -11,7 +11,7 @@ import logging
 import torch
 
 from sglang.srt.kv_canary.config import CanaryMode
-from sglang.srt.kv_canary.violations import CanaryViolationError, ViolationRow
+from sglang.srt.kv_canary.monitor.violations import CanaryViolationError, ViolationRow
 
 logger = logging.getLogger(__name__)
 

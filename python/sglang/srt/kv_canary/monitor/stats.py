@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind
-from sglang.srt.kv_canary.snapshots import CounterSnapshot
+from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 
 STATS_LINE_RE = re.compile(
     r"KV canary stats: protected (?P<protected>\d+) tokens \(slots verified\), "

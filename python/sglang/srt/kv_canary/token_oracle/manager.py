@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.srt.kv_canary.request_ids import generalized_req_ids_of
+from sglang.srt.kv_canary.token_oracle.request_ids import generalized_req_ids_of
 from sglang.srt.kv_canary.token_oracle.oracle import TokenOracle
 
 if TYPE_CHECKING:

@@ -14,14 +14,14 @@ from collections.abc import Callable
 
 from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
 from sglang.srt.kv_canary.config import CanaryConfig
-from sglang.srt.kv_canary.health import HealthChecker
-from sglang.srt.kv_canary.snapshots import (
+from sglang.srt.kv_canary.monitor.health import HealthChecker
+from sglang.srt.kv_canary.monitor.counter_snapshots import (
     ZERO_SNAPSHOT,
     CompletionEvent,
     CounterSnapshotPipe,
 )
-from sglang.srt.kv_canary.stats import stats_due, stats_line
-from sglang.srt.kv_canary.violation_reporter import ViolationReporter
+from sglang.srt.kv_canary.monitor.stats import stats_due, stats_line
+from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class CanaryMonitor:
         self._health = HealthChecker(every_n_steps=config.health_check_every_n_steps)
         self._stats_every = config.stats_print_every_n_steps
         self._latest = ZERO_SNAPSHOT
+        self._last_periodic_step = 0
 
     def poll(self) -> None:
         """Consume completed counter copies and report new violation rows (never waits).
@@ -52,18 +53,26 @@ class CanaryMonitor:
             self._latest = snapshot
             self._reporter.report(violation_count=snapshot.violations)
 
-    def after_forward(self, *, steps: int, live_forwards: int) -> None:
+    def after_forward(self, *, steps: int, launches: int) -> None:
         """Enqueue the counter copy of the forward just launched; periodic health and stats.
 
         Args:
-            steps: forward steps completed, this one included.
-            live_forwards: of those, the ones that ran the canary launches.
+            steps: forward steps with request rows completed, this one included.
+            launches: canary launch pairs the host has enqueued so far.
         Raises:
             CanaryHealthError: the periodic health check failed.
         """
-        self._pipe.enqueue(steps=steps, live_forwards=live_forwards)
+        self._pipe.enqueue(steps=steps, launches=launches)
+        if steps == self._last_periodic_step:
+            return  # a forward without request rows: nothing new to check or print
+        self._last_periodic_step = steps
         health_line = self._health.check(steps=steps, latest=self._latest)
         if health_line is not None:
             logger.info(health_line)
         if stats_due(steps=steps, every_n_steps=self._stats_every):
             logger.info(stats_line(self._latest))
+
+    def discard_pending(self) -> None:
+        """Forget the counter copies in flight (the device counters were just reset)."""
+        self._pipe.discard()
+        self._latest = ZERO_SNAPSHOT

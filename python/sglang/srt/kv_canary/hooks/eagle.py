@@ -1,0 +1,38 @@
+"""Adapters on SGLang's EAGLE (speculative decoding) workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sglang.srt.kv_canary.runner.batch_inputs import runner_of_batch
+from sglang.srt.kv_canary.runner.canary_runner import runner_of
+
+
+def around_draft_capture_one_batch_size(
+    original: Callable[..., Any], graph_runner: Any, num_seqs: int, *args: Any, **kwargs: Any
+) -> Any:
+    """AROUND ``EAGLEDraftCudaGraphRunner.capture_one_batch_size(num_seqs, forward, ...)``."""
+    return runner_of(graph_runner.model_runner).capture_draft_graph(
+        graph_runner=graph_runner,
+        capture=lambda: original(graph_runner, num_seqs, *args, **kwargs),
+    )
+
+
+def before_draft_replay(graph_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``EAGLEDraftCudaGraphRunner.replay(forward_batch)``."""
+    runner_of(graph_runner.model_runner).on_draft_replay(
+        graph_runner=graph_runner, forward_batch=forward_batch
+    )
+
+
+def around_verify_sample(
+    original: Callable[..., Any], verify_input: Any, batch: Any, logits_output: Any,
+    *args: Any, **kwargs: Any,
+) -> Any:
+    """AROUND ``EagleVerifyInputV2Mixin.sample(batch, logits_output, vocab_mask=None)``."""
+    return runner_of_batch(batch.sampling_info).sample_eagle_verify(
+        batch=batch, logits_output=logits_output,
+        verify_input=verify_input,
+        sample=lambda: original(verify_input, batch, logits_output, *args, **kwargs),
+    )

@@ -1,0 +1,44 @@
+"""Adapters on ``ModelRunner`` and its KV-cache set-up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sglang.srt.kv_canary.runner.canary_runner import create_canary_runner, runner_of
+from sglang.srt.kv_canary.runner.memory_budget import per_token_bytes
+
+
+def before_initialize(model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``ModelRunner.initialize``: every needed hook in place; the runner's canary."""
+    create_canary_runner(model_runner)
+
+
+def after_initialize(result: None, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``ModelRunner.initialize``: warm-up and graph capture are over."""
+    runner_of(model_runner).on_serving_start()
+
+
+def around_forward(
+    original: Callable[..., Any], model_runner: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """AROUND ``ModelRunner.forward(forward_batch, ...)``."""
+    forward_batch = args[0] if args else kwargs["forward_batch"]
+    return runner_of(model_runner).run_forward(
+        forward_batch=forward_batch, forward=lambda: original(model_runner, *args, **kwargs)
+    )
+
+
+def add_record_bytes_to_cell_size(cell_size: int, *args: Any, **kwargs: Any) -> int:
+    """AFTER ``DefaultPoolConfigurator._compute_cell_size``: one record per KV token."""
+    return cell_size + per_token_bytes()
+
+
+def reserve_fixed_bytes(available_bytes: int, model_runner: Any, *args: Any, **kwargs: Any) -> int:
+    """AFTER ``ModelRunnerKVCacheMixin._profile_available_bytes``: fixed canary buffers."""
+    return available_bytes - runner_of(model_runner).fixed_bytes_bound()
+
+
+def after_init_memory_pool(result: None, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``ModelRunnerKVCacheMixin.init_memory_pool``: records beside the new pool."""
+    runner_of(model_runner).on_memory_pool()

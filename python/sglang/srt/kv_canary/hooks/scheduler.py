@@ -1,0 +1,22 @@
+"""Adapters on SGLang's scheduler."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang.srt.kv_canary.config import get_active_config
+from sglang.srt.kv_canary.runner.canary_runner import canary_runners_of_scheduler
+
+logger = logging.getLogger("sglang.srt.kv_canary")
+
+
+def log_startup_line(*args: Any, **kwargs: Any) -> None:
+    """BEFORE ``Scheduler.__init__``: one line saying what is enabled."""
+    logger.info(get_active_config().describe())
+
+
+def poll_when_idle(result: None, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``SchedulerRuntimeCheckerMixin.on_idle``: report violations while nothing runs."""
+    for runner in canary_runners_of_scheduler(scheduler):
+        runner.on_idle()

@@ -1,0 +1,1 @@
+"""Host-side watch over the device counters: violations, health, stats."""

@@ -1,0 +1,1 @@
+"""The canary of one model runner: its owner object and everything it holds."""

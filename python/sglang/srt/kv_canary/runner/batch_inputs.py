@@ -1,0 +1,93 @@
+"""The per-batch carrier: what the canary attaches to one ``ForwardBatch``.
+
+One frozen :class:`CanaryBatchInputs` is built by the ``ForwardBatch.init_new`` hook and set
+under one attribute, :data:`ATTRIBUTE`, on the ``ForwardBatch`` and on its
+``SamplingBatchInfo`` (the sampler and EAGLE verification only see the latter). It carries
+everything the runner's later events need about the batch, plus the runner itself so that a hook
+that only sees a batch finds its owner.
+
+The request ids also stay readable under their public names (``rids_int``,
+``bootstrap_room_ids_int`` on both objects), and the token-history snapshot under
+``req_all_ids_flat`` / ``req_all_ids_lens`` on the ``ForwardBatch``: other code may read those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sglang.srt.kv_canary.token_oracle.request_ids import (
+    BOOTSTRAP_ROOM_IDS_INT_ATTR,
+    RIDS_INT_ATTR,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.kv_canary.perturb.next_token_swap import SampledRows
+    from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
+    from sglang.srt.kv_canary.runner.request_rows import RowUpdates
+
+ATTRIBUTE = "kv_canary"
+REQ_ALL_IDS_FLAT_ATTR = "req_all_ids_flat"
+REQ_ALL_IDS_LENS_ATTR = "req_all_ids_lens"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CanaryBatchInputs:
+    """What one forward batch carries for the canary (every field optional by feature).
+
+    Attributes:
+        runner: the model runner's canary that built this.
+        rids_int / bootstrap_room_ids_int: int64 ``[rows]`` device tensors (token oracle).
+        row_updates: host bookkeeping of the batch's request rows and the packed host data
+            (token-history tokens, owner chain values) to upload before the forward.
+        prompt_lens: int64 ``[rows]`` device tensor, each row's prompt length (write-input
+            assert, EXTEND / MIXED batches).
+        sampled_rows: the rows' rids and sampled positions (the next-token-swap log line).
+    """
+
+    runner: CanaryRunner
+    rids_int: torch.Tensor | None = None
+    bootstrap_room_ids_int: torch.Tensor | None = None
+    row_updates: RowUpdates | None = None
+    prompt_lens: torch.Tensor | None = None
+    sampled_rows: SampledRows | None = None
+
+    def replace(self, **changes: Any) -> CanaryBatchInputs:
+        return dataclasses.replace(self, **changes)
+
+
+def attach_batch_inputs(holder: Any, inputs: CanaryBatchInputs) -> None:
+    """Set ``inputs`` on ``holder`` (a ForwardBatch or SamplingBatchInfo) with its public views."""
+    setattr(holder, ATTRIBUTE, inputs)
+    setattr(holder, RIDS_INT_ATTR, inputs.rids_int)
+    setattr(holder, BOOTSTRAP_ROOM_IDS_INT_ATTR, inputs.bootstrap_room_ids_int)
+    history = None if inputs.row_updates is None else inputs.row_updates.token_history
+    if history is not None:
+        setattr(holder, REQ_ALL_IDS_FLAT_ATTR, history.req_all_ids_flat)
+        setattr(holder, REQ_ALL_IDS_LENS_ATTR, history.req_all_ids_lens)
+
+
+def batch_inputs_of(holder: Any) -> CanaryBatchInputs | None:
+    """The carrier of a ForwardBatch or SamplingBatchInfo, or None (built without init_new)."""
+    inputs = getattr(holder, ATTRIBUTE, None)
+    return inputs if isinstance(inputs, CanaryBatchInputs) else None
+
+
+def runner_of_batch(holder: Any) -> CanaryRunner:
+    """The runner whose ``init_new`` hook built ``holder``'s carrier.
+
+    Raises:
+        RuntimeError: ``holder`` has no carrier (it was not built by ``ForwardBatch.init_new``,
+            e.g. a two-batch-overlap child).
+    """
+    inputs = batch_inputs_of(holder)
+    if inputs is None:
+        raise RuntimeError(
+            f"KV canary: this {type(holder).__name__} carries no '{ATTRIBUTE}' inputs; they are "
+            "set by the ForwardBatch.init_new hook (batches built another way, e.g. "
+            "two-batch-overlap children, do not have them)"
+        )
+    return inputs.runner

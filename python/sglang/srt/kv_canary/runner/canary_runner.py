@@ -1,0 +1,736 @@
+"""The KV canary of one ModelRunner: one owner object, one method per SGLang event.
+
+:class:`CanaryRunner` is created when a ``ModelRunner`` initializes and is set on it under one
+attribute (:data:`RUNNER_ATTRIBUTE`). It owns everything the canary keeps for that runner: the
+token oracle's manager, the device state (records, ring, counters, owner chains), the request-row
+bookkeeping and token history, the write-input expectations, the graph-resident request ids, the
+monitor and the fault injector. Every hook in :mod:`sglang.srt.kv_canary.hooks` is a short
+adapter that finds this object (:func:`runner_of`) and calls one of its methods:
+
+==============================  ==========================================================
+SGLang event                    method
+==============================  ==========================================================
+ModelRunner.initialize (start)  :func:`create_canary_runner` (hooks in place, refusals,
+                                oracle and its sampler factory)
+KV budget profiling             :meth:`~CanaryRunner.fixed_bytes_bound`
+KV pool created                 :meth:`~CanaryRunner.on_memory_pool`
+graph capture                   :meth:`~CanaryRunner.on_capture_start`,
+                                :meth:`~CanaryRunner.capture_decode_graph`,
+                                :meth:`~CanaryRunner.capture_draft_graph`
+ModelRunner.initialize (end)    :meth:`~CanaryRunner.on_serving_start`
+ForwardBatch.init_new           :meth:`~CanaryRunner.on_init_new` (the per-batch carrier)
+ForwardBatch padding            :meth:`~CanaryRunner.on_pad_inputs`
+ModelRunner.forward             :meth:`~CanaryRunner.run_forward` (host side, outside graphs)
+model.forward                   :meth:`~CanaryRunner.launch_before_model`,
+                                :meth:`~CanaryRunner.launch_after_model` (captured in graphs)
+graph replay                    :meth:`~CanaryRunner.on_decode_replay`,
+                                :meth:`~CanaryRunner.on_draft_replay`
+scheduler idle                  :meth:`~CanaryRunner.on_idle`
+sampling / EAGLE verification   :meth:`~CanaryRunner.make_sampler`,
+                                :meth:`~CanaryRunner.sample_eagle_verify`
+==============================  ==========================================================
+
+Launch accounting (the health check's evidence): the host counts the canary launch pairs it
+enqueues, one per eager ``model.forward`` and, per graph replay, as many as were captured into
+that graph. Every forward with request rows must account for exactly one pair; the device's run
+counters must equal the host's count at every counter snapshot.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from sglang.jit_kernel.kv_canary.batch_view import CanaryBatchView, CanaryDeviceState
+from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES
+from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig, get_active_config
+from sglang.srt.kv_canary.hook_registration import verify_hooks_applied
+from sglang.srt.kv_canary.monitor.counter_snapshots import event_factory_for
+from sglang.srt.kv_canary.monitor.health import CanaryHealthError
+from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
+from sglang.srt.kv_canary.perturb.injector import FaultInjector, build_fault_injector
+from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState, SampledRows
+from sglang.srt.kv_canary.runner.batch_inputs import (
+    CanaryBatchInputs,
+    attach_batch_inputs,
+    batch_inputs_of,
+)
+from sglang.srt.kv_canary.runner.device_state import allocate_device_state, layer0_key_buffer
+from sglang.srt.kv_canary.runner.graph_buffers import GraphRequestIdBuffers
+from sglang.srt.kv_canary.runner.kernel_inputs import build_batch_view, canary_layout
+from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.memory_budget import (
+    UPLOAD_STAGING_WORDS,
+    FixedBuffers,
+    context_columns_bound,
+    fixed_buffers,
+    graph_rows_bound,
+    max_tokens_per_forward,
+    per_token_bytes,
+    request_rows_bound,
+)
+from sglang.srt.kv_canary.runner.model_forward import install_model_forward
+from sglang.srt.kv_canary.runner.refusals import (
+    refuse_unless_supported,
+    unsupported_pools,
+    unsupported_server_args,
+)
+from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
+from sglang.srt.kv_canary.token_history.history import TokenHistory
+from sglang.srt.kv_canary.token_history.write_expectations import (
+    WriteExpectations,
+    write_input_assert_applies,
+)
+from sglang.srt.kv_canary.token_oracle.eagle_verify import sample_verify_with_oracle
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
+from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
+from sglang.srt.kv_canary.token_oracle.request_ids import (
+    RID_PAD_VALUE,
+    ROOM_PAD_VALUE,
+    request_ids_to_tensors,
+)
+from sglang.srt.kv_canary.token_oracle.sampler import (
+    TOKEN_ORACLE_BACKEND,
+    OracleSampler,
+    register_oracle_sampler,
+)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+RUNNER_ATTRIBUTE = "kv_canary"  # attribute of a ModelRunner
+_ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
+_EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
+_EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
+_T = TypeVar("_T")
+
+
+class TokenOracleSetupError(RuntimeError):
+    """The token oracle is enabled in a configuration where it cannot steer the tokens."""
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class CanaryRunner:
+    """The canary of one ModelRunner (see the module docstring for its events).
+
+    Args:
+        config: the active configuration.
+        model_runner: SGLang's ``ModelRunner`` (or the self-check's stand-in); read, never
+            changed except ``model.forward`` (wrapped at :meth:`on_memory_pool`).
+        kernels: the canary launches (Triton kernels in a server; torch references or the
+            interpreted Triton kernels on a CPU).
+    """
+
+    def __init__(self, *, config: CanaryConfig, model_runner: Any, kernels: CanaryKernels) -> None:
+        self.config = config
+        self._model_runner = model_runner
+        self._kernels = kernels
+        self._device = torch.device(model_runner.device)
+        self.oracle: TokenOracleManager | None = None
+        self.state: CanaryDeviceState | None = None
+        self.monitor: CanaryMonitor | None = None
+        self.token_history: TokenHistory | None = None
+        self.write_expectations: WriteExpectations | None = None
+        self.request_rows: RequestRows | None = None
+        self._injector: FaultInjector | None = None
+        self._staging: torch.Tensor | None = None
+        self._graph_ids: dict[int, GraphRequestIdBuffers] = {}
+        self._captured_launches: dict[tuple[int, int], int] = {}
+        self._launches_in_capture: int | None = None
+        self._launches = 0  # canary launch pairs enqueued (eager + replayed) since serving started
+        self._steps = 0
+        self._serving = False
+
+    # ================================================================= start-up
+
+    def refuse_unsupported_flags(self) -> None:
+        """``ModelRunner.initialize`` starts, canary on: stop on flags it cannot check.
+
+        Raises:
+            CanaryUnsupportedError: naming each flag and what to change.
+        """
+        if self.config.canary_enabled:
+            refuse_unless_supported(unsupported_server_args(self._model_runner.server_args))
+
+    def install_oracle(self) -> None:
+        """``ModelRunner.initialize`` starts, oracle on: build the oracle from the served model's
+        vocabulary and register its sampler factory before ``create_sampler()`` runs (a draft
+        model runner keeps its own manager for its checks; its tokens never go through the
+        sampler).
+
+        Raises:
+            TokenOracleSetupError: ``--sampling-backend`` is not ``token_oracle``.
+        """
+        if not self.config.enable_token_oracle:
+            return
+        model_runner = self._model_runner
+        server_args = model_runner.server_args
+        if server_args.sampling_backend != TOKEN_ORACLE_BACKEND:
+            raise TokenOracleSetupError(
+                f"{_ORACLE_VARIABLE}=1 needs --sampling-backend {TOKEN_ORACLE_BACKEND}, got "
+                f"{server_args.sampling_backend!r}: with another sampler the tokens do not follow "
+                "the oracle"
+            )
+        self.oracle = TokenOracleManager(
+            oracle=HashOracle(vocab_size=model_runner.model_config.vocab_size)
+        )
+        if model_runner.is_draft_worker:
+            return
+        register_oracle_sampler(factory=self.make_sampler)
+        _log_oracle(oracle=self.oracle, server_args=server_args, perturb=self.config.perturb)
+
+    def fixed_buffers(self, *, page_size: int) -> FixedBuffers:
+        """Upper bounds of every device buffer but the records (before the pools exist)."""
+        model_runner = self._model_runner
+        server_args = model_runner.server_args
+        history = self.config.token_history_enabled
+        write_input = self.config.canary_enabled and self.config.enable_write_input_assert
+        return fixed_buffers(
+            page_size=page_size,
+            ring_capacity=self.config.ring_capacity,
+            request_rows=request_rows_bound(server_args, dp_size=model_runner.dp_size),
+            context_columns=context_columns_bound(
+                server_args, context_len=model_runner.model_config.context_len
+            ),
+            token_history=history,
+            write_expectation_tokens=max_tokens_per_forward(
+                server_args, max_running_requests=server_args.max_running_requests
+            ) if write_input else 0,
+            graph_rows=graph_rows_bound(server_args) if self.config.enable_token_oracle else 0,
+        )
+
+    def fixed_bytes_bound(self) -> int:
+        """Bytes taken out of the profiled KV budget before the pool is sized."""
+        return self.fixed_buffers(page_size=self._model_runner.page_size).total
+
+    def on_memory_pool(self) -> None:
+        """The KV pool exists (before graph capture): allocate the device state beside it and
+        wrap ``model.forward``.
+
+        Raises:
+            CanaryUnsupportedError: the pools are not ones the canary supports.
+            RuntimeError: the canary is already installed on this runner.
+        """
+        if self.state is not None:
+            raise RuntimeError("KV canary: already installed on this ModelRunner")
+        model_runner = self._model_runner
+        req_to_token_pool = model_runner.req_to_token_pool
+        kv_pool = model_runner.token_to_kv_pool
+        refuse_unless_supported(
+            unsupported_pools(req_to_token_pool=req_to_token_pool, token_to_kv_pool=kv_pool)
+        )
+        config = self.config
+        self.state = allocate_device_state(
+            config=config, req_to_token_pool=req_to_token_pool, kv_pool=kv_pool
+        )
+        rows, columns = req_to_token_pool.req_to_token.shape
+        if config.token_history_enabled:
+            self.token_history = TokenHistory(
+                num_rows=rows, max_context_len=columns, device=self._device,
+                scatter=self._kernels.scatter_req_token_ids(),
+            )
+            self.request_rows = RequestRows(
+                num_rows=rows, token_history=True, owner_chains=False,
+                pin_memory=self._device.type == "cuda",
+            )
+            with torch.inference_mode(False):
+                self._staging = torch.empty(
+                    (UPLOAD_STAGING_WORDS,), dtype=torch.int64, device=self._device
+                )
+        if config.enable_write_input_assert:
+            if self.oracle is None:
+                raise RuntimeError(
+                    "KV canary: SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT=1 compares inputs with "
+                    "the token oracle, but no oracle is installed on this ModelRunner"
+                )
+            self.write_expectations = WriteExpectations(
+                oracle=self.oracle,
+                capacity=max_tokens_per_forward(
+                    model_runner.server_args,
+                    max_running_requests=model_runner.max_running_requests,
+                ),
+                device=self._device,
+            )
+        install_model_forward(model=model_runner.model, runner=self)
+        self.monitor = CanaryMonitor(
+            state=self.state, config=config, new_event=event_factory_for(self._device)
+        )
+        self._injector = build_fault_injector(
+            config=config.perturb,
+            state=self.state,
+            layer0_keys=layer0_key_buffer(kv_pool),
+            vocab_size=model_runner.model_config.vocab_size,
+        )
+        logger.info(self._installed_line())
+
+    def on_capture_start(self, *, graph_runner: Any) -> None:
+        """Before a decode graph (re)capture: its eager warm-up runs see padding rows only (a
+        re-capture would otherwise run the canary on the stale rows of the last replay)."""
+        graph_runner.buffers.req_pool_indices.zero_()
+        graph_runner.buffers.out_cache_loc.zero_()
+
+    def capture_decode_graph(
+        self,
+        *,
+        graph_runner: Any,
+        bs: int,
+        capture: Callable[[Callable[..., Any]], _T],
+        forward: Callable[..., Any],
+    ) -> _T:
+        """Capture one decode graph of ``bs`` rows: the captured forward reads graph-resident
+        request ids (oracle on), and the canary launches captured into it are counted."""
+        buffers = self._graph_ids_for(graph_runner) if self.oracle is not None else None
+
+        @functools.wraps(forward)  # keeps inspect.signature(forward), which the runner inspects
+        def forward_with_request_ids(
+            input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any,
+            **forward_kwargs: Any,
+        ) -> Any:
+            if buffers is not None:
+                self._attach_capture_ids(forward_batch=forward_batch, buffers=buffers)
+            return forward(input_ids, positions, forward_batch, **forward_kwargs)
+
+        self._launches_in_capture = 0
+        try:
+            result = capture(forward_with_request_ids)
+            self._captured_launches[(id(graph_runner), bs)] = self._launches_in_capture
+        finally:
+            self._launches_in_capture = None
+        return result
+
+    def capture_draft_graph(self, *, graph_runner: Any, capture: Callable[[], _T]) -> _T:
+        """Capture one EAGLE draft graph; its captured function calls
+        ``eagle_worker.draft_forward`` (not the forward it is given), so that method is shadowed
+        on the worker instance for the duration of the capture."""
+        buffers = self._graph_ids_for(graph_runner)
+        worker = graph_runner.eagle_worker
+        draft_forward = worker.draft_forward
+        missing = object()
+        shadowed = vars(worker).get("draft_forward", missing)
+
+        def draft_forward_with_request_ids(forward_batch: Any) -> Any:
+            self._attach_capture_ids(forward_batch=forward_batch, buffers=buffers)
+            return draft_forward(forward_batch)
+
+        worker.draft_forward = draft_forward_with_request_ids
+        try:
+            return capture()
+        finally:
+            if shadowed is missing:
+                del worker.draft_forward
+            else:
+                worker.draft_forward = shadowed
+
+    def on_serving_start(self) -> None:
+        """Start-up is over (warm-up runs, graph capture): zero the device counters, so step
+        numbers and stats count serving forwards only. Synchronizes once, at start-up."""
+        self._serving = True
+        if self.state is None:
+            return
+        self.state.counters.zero_()
+        self._launches = 0
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        self.monitor.discard_pending()
+
+    # ================================================================= per batch (host)
+
+    def on_init_new(self, *, forward_batch: ForwardBatch, worker_batch: Any) -> None:
+        """``ForwardBatch.init_new`` returned: attach the per-batch carrier. Host work and one
+        small non-blocking copy; never syncs.
+
+        Raises:
+            ValueError: ``worker_batch.reqs`` does not have one request per row, or a request
+                has no ``req_pool_idx``.
+        """
+        reqs = worker_batch.reqs
+        rows = forward_batch.batch_size
+        if reqs is None or len(reqs) != rows:
+            count = "no" if reqs is None else len(reqs)
+            raise ValueError(
+                f"KV canary: the batch has {rows} rows but {count} requests "
+                "(ModelWorkerBatch.reqs); the canary needs one request per row"
+            )
+        mode = forward_batch.forward_mode
+        rids_int = rooms = sampled_rows = prompt_lens = None
+        if self.config.enable_token_oracle:
+            rids_int, rooms = request_ids_to_tensors(
+                rids=[req.rid for req in reqs],
+                bootstrap_rooms=[req.bootstrap_room for req in reqs],
+                device=self._device,
+            )
+            if forward_batch.sampling_info is not None:
+                sampled_rows = SampledRows(
+                    rids=forward_batch.rids, next_positions=worker_batch.seq_lens_cpu
+                )
+        row_updates: RowUpdates | None = None
+        if self.request_rows is not None and rows > 0 and mode in (*_EXTEND_MODES, ForwardMode.DECODE):
+            row_updates = self.request_rows.prepare(
+                reqs=reqs, prefix_lens=_prefix_lens_of(forward_batch)
+            )
+        if self.write_expectations is not None and mode in _EXTEND_MODES:
+            pin = self._device.type == "cuda"
+            host = torch.tensor(
+                [len(req.origin_input_ids) for req in reqs], dtype=torch.int64, pin_memory=pin
+            )
+            prompt_lens = host.to(self._device, non_blocking=pin)
+        inputs = CanaryBatchInputs(
+            runner=self,
+            rids_int=rids_int,
+            bootstrap_room_ids_int=rooms,
+            row_updates=row_updates,
+            prompt_lens=prompt_lens,
+            sampled_rows=sampled_rows,
+        )
+        attach_batch_inputs(forward_batch, inputs)
+        if forward_batch.sampling_info is not None:
+            attach_batch_inputs(forward_batch.sampling_info, inputs)
+
+    def on_pad_inputs(self, *, forward_batch: ForwardBatch, bs: int) -> None:
+        """DP-attention / attention-TP padding: pad the request ids to ``bs`` rows with 0 / -1
+        and keep ``sampling_info`` in sync. A batch without a carrier (a two-batch-overlap
+        child, whose ``sampling_info`` is its parent's) is left alone.
+
+        Raises:
+            ValueError: the batch has more id rows than ``bs``.
+        """
+        inputs = batch_inputs_of(forward_batch)
+        if inputs is None or inputs.rids_int is None:
+            return
+        rows = inputs.rids_int.shape[0]
+        if rows == bs:
+            return
+        if rows > bs:
+            raise ValueError(f"KV canary request ids: cannot pad {rows} id rows down to {bs}")
+        rids = inputs.rids_int
+        rooms = inputs.bootstrap_room_ids_int
+        padded = inputs.replace(
+            rids_int=torch.cat([rids, rids.new_full((bs - rows,), RID_PAD_VALUE)]),
+            bootstrap_room_ids_int=torch.cat([rooms, rooms.new_full((bs - rows,), ROOM_PAD_VALUE)]),
+        )
+        attach_batch_inputs(forward_batch, padded)
+        if forward_batch.sampling_info is not None:
+            attach_batch_inputs(forward_batch.sampling_info, padded)
+
+    def run_forward(self, *, forward_batch: ForwardBatch, forward: Callable[[], _T]) -> _T:
+        """One ``ModelRunner.forward`` under the canary's host-side work, outside any graph:
+        report earlier forwards' violations, upload this batch's row updates (token history),
+        inject faults, run the forward, undo the faults, check the launch count, enqueue this
+        forward's counter copy, periodic health and stats.
+
+        Raises:
+            UnsupportedForwardModeError: the batch's mode is not checked by the canary.
+            CanaryViolationError: raise mode, and an earlier forward produced violation rows.
+            CanaryHealthError: this forward did not run the canary exactly once, or the periodic
+                device check failed (any mode).
+            RuntimeError: a live batch carries no carrier although the canary needs one.
+        """
+        monitor = self.monitor
+        monitor.poll()
+        layout = canary_layout(forward_batch.forward_mode)
+        live = layout is not None and forward_batch.batch_size > 0
+        if live:
+            self._upload(forward_batch)
+        faults = (
+            self._injector.inject(forward_batch=forward_batch, step=self._steps)
+            if live and self._injector is not None
+            else []
+        )
+        launches_before = self._launches
+        try:
+            result = forward()
+        finally:
+            for fault in reversed(faults):
+                fault.undo()
+        ran = self._launches - launches_before
+        if ran > 1 or (live and ran != 1):
+            raise CanaryHealthError(
+                f"KV canary health check failed: canary path is not executing as it must: "
+                f"forward step {self._steps} ({forward_batch.forward_mode.name}, "
+                f"{forward_batch.batch_size} rows) ran the canary launches {ran} times, "
+                f"expected {int(live)}. Corruption would go unreported."
+            )
+        self._steps += int(live)
+        monitor.after_forward(steps=self._steps, launches=self._launches)
+        return result
+
+    def on_decode_replay(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
+        """A decode graph is about to replay: refresh its request ids (oracle on) and count the
+        canary launches captured into it."""
+        if self.oracle is not None:
+            self._fill_graph_ids(graph_runner=graph_runner, forward_batch=forward_batch)
+        if self._serving:
+            self._launches += self._captured_launches.get((id(graph_runner), graph_runner.bs), 0)
+
+    def on_draft_replay(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
+        """An EAGLE draft graph is about to replay: refresh its request ids."""
+        self._fill_graph_ids(graph_runner=graph_runner, forward_batch=forward_batch)
+
+    def on_idle(self) -> None:
+        """The scheduler is idle: report the last forwards' violations now."""
+        if self.monitor is not None:
+            self.monitor.poll()
+
+    # ================================================================= in the forward (graphs)
+
+    def launch_before_model(self, forward_batch: ForwardBatch) -> CanaryBatchView | None:
+        """Build the batch view and launch the pre-forward kernel; None for IDLE (nothing to
+        check). Inside captured graphs: views and fixed shapes only, no host sync.
+
+        Raises:
+            UnsupportedForwardModeError: a mode the canary does not check.
+        """
+        layout = canary_layout(forward_batch.forward_mode)
+        if layout is None:
+            return None
+        view = build_batch_view(
+            forward_batch, layout=layout, checks=self._token_check_fields(forward_batch)
+        )
+        self._kernels.pre_forward_verify(state=self.state, batch=view)
+        if _capturing(self._device):
+            if self._launches_in_capture is not None:
+                self._launches_in_capture += 1
+        else:
+            self._launches += 1
+        return view
+
+    def launch_after_model(self, view: CanaryBatchView) -> None:
+        """Launch the post-forward kernel on the view the pre launch used."""
+        self._kernels.post_forward_write_and_verify(state=self.state, batch=view)
+
+    # ================================================================= oracle
+
+    def make_sampler(self) -> OracleSampler:
+        """The ``token_oracle`` sampler of this runner (SGLang's ``create_sampler()`` calls it)."""
+        return OracleSampler(
+            manager=self.oracle,
+            next_token_swap=NextTokenSwapState.from_config(self.config.perturb),
+        )
+
+    def sample_eagle_verify(
+        self, *, batch: Any, logits_output: Any, verify_input: Any, sample: Callable[[], _T]
+    ) -> _T:
+        """EAGLE v2 verification picks the oracle's tokens (see :mod:`..token_oracle.eagle_verify`)."""
+        return sample_verify_with_oracle(
+            manager=self.oracle,
+            batch=batch,
+            logits_output=logits_output,
+            draft_token_num=verify_input.draft_token_num,
+            verify_positions=verify_input.positions,
+            sample=sample,
+        )
+
+    # ================================================================= internals
+
+    def _upload(self, forward_batch: ForwardBatch) -> None:
+        """Copy the batch's row updates to the device and apply them (outside graphs, on the
+        forward's stream, before the eager forward or the replay reads them)."""
+        if self.request_rows is None:
+            return
+        inputs = batch_inputs_of(forward_batch)
+        updates = None if inputs is None else inputs.row_updates
+        if updates is None:
+            raise RuntimeError(
+                "KV canary: this ForwardBatch carries no request-row updates; the "
+                "ForwardBatch.init_new hook did not run for it (the token history would be "
+                "stale)"
+            )
+        words = updates.packed.shape[0]
+        if self._staging.shape[0] < words:
+            self._staging = torch.empty(
+                (1 << (words - 1).bit_length(),), dtype=torch.int64, device=self._device
+            )
+        staging = self._staging[:words]
+        staging.copy_(updates.packed, non_blocking=True)
+        history, owners = updates.sections_on(staging)
+        if history is not None:
+            self.token_history.upload(history)
+        self.request_rows.commit(updates)
+
+    def _token_check_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
+        """The token-check fields of the batch view (history, write-input expectations)."""
+        if self.token_history is None:
+            return {}
+        fields: dict[str, Any] = {
+            "expected_token_pool": self.token_history.tokens,
+            "expected_token_valid_lens": self.token_history.lens,
+            "verify_token": self.config.enable_verify_token_assert,
+        }
+        if self.write_expectations is None or not write_input_assert_applies(forward_batch):
+            return fields
+        inputs = batch_inputs_of(forward_batch)
+        if (inputs is None or inputs.rids_int is None) and not self._serving and not _capturing(
+            self._device
+        ):
+            # SGLang's own start-up forwards (ModelRunner._dummy_run for kernel autotuning) are
+            # built without init_new: no request ids, padding rows only.
+            return fields
+        tokens, positions = self.write_expectations.compute(
+            forward_batch=forward_batch,
+            prompt_lens=None if inputs is None else inputs.prompt_lens,
+        )
+        fields["expected_input_ids"] = tokens
+        fields["expected_positions"] = positions
+        return fields
+
+    def _graph_ids_for(self, graph_runner: Any) -> GraphRequestIdBuffers:
+        buffers = self._graph_ids.get(id(graph_runner))
+        if buffers is None:
+            buffers = GraphRequestIdBuffers.allocate(max_bs=graph_runner.max_bs,
+                                                     device=self._device)
+            self._graph_ids[id(graph_runner)] = buffers
+        return buffers
+
+    def _attach_capture_ids(self, *, forward_batch: Any, buffers: GraphRequestIdBuffers) -> None:
+        rids_int, rooms = buffers.capture_views(forward_batch.batch_size)
+        inputs = batch_inputs_of(forward_batch) or CanaryBatchInputs(runner=self)
+        attach_batch_inputs(
+            forward_batch, inputs.replace(rids_int=rids_int, bootstrap_room_ids_int=rooms)
+        )
+
+    def _fill_graph_ids(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
+        buffers = self._graph_ids.get(id(graph_runner))
+        if buffers is None:
+            raise RuntimeError(
+                f"KV canary request ids: {type(graph_runner).__name__} replays a graph that was "
+                "captured without the request-id buffers (its capture did not go through the "
+                "hooked capture_one_batch_size)"
+            )
+        inputs = batch_inputs_of(forward_batch)
+        if inputs is None or inputs.rids_int is None:
+            from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of
+
+            request_ids_of(forward_batch)  # raises MissingRequestIdsError naming the variable
+        if inputs.rids_int.shape[0] != forward_batch.batch_size:
+            raise ValueError(
+                f"KV canary request ids: {inputs.rids_int.shape[0]} ids for a replayed batch of "
+                f"{forward_batch.batch_size} rows"
+            )
+        buffers.fill(rids_int=inputs.rids_int, bootstrap_room_ids_int=inputs.bootstrap_room_ids_int)
+
+    def _installed_line(self) -> str:
+        state = self.state
+        buffers = self.fixed_buffers(page_size=self._model_runner.token_to_kv_pool.page_size)
+        real_data = (
+            "off"
+            if state.real_kv_words is None
+            else f"{self.config.real_data.value} (layer-0 K, {state.real_kv_num_words * 8} B/slot)"
+        )
+        token_checks = "token checks off"
+        if self.token_history is not None:
+            tokens = self.token_history.tokens
+            write_input = (
+                f"on (oracle; {self.write_expectations.capacity} tokens preallocated)"
+                if self.write_expectations is not None
+                else "off"
+            )
+            token_checks = (
+                f"token checks: verify_token "
+                f"{'on' if self.config.enable_verify_token_assert else 'off'}, "
+                f"write_input_assert {write_input}, token history {tokens.shape[0]} rows x "
+                f"{tokens.shape[1]}"
+            )
+        return (
+            f"KV canary installed: records {RECORD_BYTES} B/slot x {state.num_slots} slots = "
+            f"{state.num_slots * RECORD_BYTES / 2**20:.2f} MiB, violation ring "
+            f"{state.ring_capacity} rows, real data {real_data}, {token_checks}, "
+            f"kernels {self._kernels.backend.value}, device {state.device}; memory from the KV "
+            f"budget: {per_token_bytes()} B/token added to the KV cell size, fixed buffers "
+            f"reserved {buffers.describe()}"
+        )
+
+
+def _prefix_lens_of(forward_batch: ForwardBatch) -> list[int]:
+    """Tokens already in the KV cache per row before this forward (host values)."""
+    if forward_batch.forward_mode == ForwardMode.DECODE:
+        return [int(n) - 1 for n in forward_batch.seq_lens_cpu.tolist()]
+    return [int(n) for n in forward_batch.extend_prefix_lens_cpu]
+
+
+def _log_oracle(*, oracle: TokenOracleManager, server_args: Any, perturb: PerturbConfig) -> None:
+    swap = (
+        f"next_token_swap p={perturb.next_token_swap_prob:g} after "
+        f"{perturb.warmup_steps} sampler calls, seed {perturb.seed}"
+        if perturb.next_token_swap_prob > 0
+        else "no next_token_swap"
+    )
+    logger.info(
+        f"KV canary token oracle: sampling backend {TOKEN_ORACLE_BACKEND}, "
+        f"vocab_size={oracle.oracle.vocab_size}, {swap}"
+    )
+    if server_args.speculative_algorithm in _EAGLE_ALGORITHMS and server_args.disable_overlap_schedule:
+        logger.warning(
+            "KV canary token oracle: speculative decoding runs the v1 EAGLE worker (overlap "
+            "schedule off); its verify step picks tokens from the target logits, so only each "
+            "request's first output token (sampled at prefill) follows the oracle. Spec v2 (the "
+            "default, overlap on, topk 1) follows the oracle for every token"
+        )
+
+
+# ===================================================================== finding the owner
+
+
+def create_canary_runner(model_runner: Any) -> CanaryRunner:
+    """At ``ModelRunner.initialize``: check every hook the configuration needs is in place,
+    create the runner's canary (Triton kernels), set it on the runner, refuse unsupported flags
+    and install the oracle.
+
+    Raises:
+        HookRegistrationError: a hook the configuration needs is not in place.
+        RuntimeError: the runner already has a canary.
+        CanaryUnsupportedError / TokenOracleSetupError: see the methods called.
+    """
+    config = get_active_config()
+    verify_hooks_applied(config)
+    runner = attach_canary_runner(
+        model_runner=model_runner,
+        runner=CanaryRunner(
+            config=config, model_runner=model_runner, kernels=load_kernels(KernelBackend.TRITON)
+        ),
+    )
+    runner.refuse_unsupported_flags()
+    runner.install_oracle()
+    return runner
+
+
+def attach_canary_runner(*, model_runner: Any, runner: CanaryRunner) -> CanaryRunner:
+    """Set ``runner`` on ``model_runner`` (where the hooks find it).
+
+    Raises:
+        RuntimeError: the model runner already has a canary.
+    """
+    if getattr(model_runner, RUNNER_ATTRIBUTE, None) is not None:
+        raise RuntimeError("KV canary: this ModelRunner already has a canary")
+    setattr(model_runner, RUNNER_ATTRIBUTE, runner)
+    return runner
+
+
+def runner_of(model_runner: Any) -> CanaryRunner:
+    """The canary :func:`create_canary_runner` set on ``model_runner``.
+
+    Raises:
+        RuntimeError: none is set (the ``ModelRunner.initialize`` hook did not run for it).
+    """
+    runner = getattr(model_runner, RUNNER_ATTRIBUTE, None)
+    if not isinstance(runner, CanaryRunner):
+        raise RuntimeError(
+            "KV canary: this ModelRunner has no canary although the KV canary is enabled (the "
+            "ModelRunner.initialize hook did not run for it)"
+        )
+    return runner
+
+
+def canary_runners_of_scheduler(scheduler: Any) -> Iterator[CanaryRunner]:
+    """The canaries of a scheduler's model runners (target, and EAGLE draft when present)."""
+    for worker in (getattr(scheduler, "tp_worker", None), getattr(scheduler, "draft_worker", None)):
+        model_runner = getattr(worker, "model_runner", None)
+        runner = getattr(model_runner, RUNNER_ATTRIBUTE, None)
+        if isinstance(runner, CanaryRunner):
+            yield runner

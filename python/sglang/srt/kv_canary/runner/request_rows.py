@@ -1,0 +1,281 @@
+"""Host bookkeeping of ``req_to_token`` rows: which request owns each row, and what the device
+already knows about it.
+
+Two device-side facts are kept per request row and refreshed from the host before a forward:
+
+* the **token history** (verify-token, write-input assert): the request's
+  ``origin_input_ids + output_ids``; only the tokens the device pool lacks are sent;
+* the **owner chain** (ownership check): the chain value the row's next position must have,
+  i.e. ``CHAIN_ANCHOR + sum(chain_term(t_q, q) for q < prefix_len)`` over the request's own
+  tokens. The device keeps it up to date for a row whose owner did not change (the write
+  launch advances it); the host computes it only for a row that has a new owner (a new
+  request, a retracted request admitted again, a request moved to another row), in
+  O(prefix) once per admission.
+
+An owner is the request object (held by weak reference: a new object at a recycled address is a
+new owner) plus its retraction count and the identities of its two token lists, so a retracted
+request, a request moved to another row, a row reused by a new request, or a history that was
+replaced or shrank is re-sent in full. :meth:`RequestRows.prepare` (at ``ForwardBatch.init_new``)
+packs everything one forward needs into one host buffer (pinned on CUDA); the bookkeeping
+advances only when :meth:`RequestRows.commit` is called, when that buffer is uploaded, so a batch
+that never runs leaves no gap.
+
+Assumption: while a request owns a row its history only grows at the end, or is replaced or
+shortened as above (SGLang 0.5.12 edits a token in place only in
+``Req._check_vocab_boundary_finish``, on the token just appended, before any snapshot sees it).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from sglang.jit_kernel.kv_canary.consts import CHAIN_ANCHOR
+from sglang.jit_kernel.kv_canary.hashing import chain_term_torch
+
+_TOKEN_MASK = 0xFFFFFFFF  # records hold the low 32 bits of a token id
+UNKNOWN_OWNER_CHAIN = 0  # "the host does not know": the device adopts the record's chain
+
+
+class RequestHistory(Protocol):
+    """What the bookkeeping reads of SGLang's ``Req`` (``managers/schedule_batch.py``)."""
+
+    rid: str
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    req_pool_idx: int | None
+    retraction_count: int
+
+
+# (request, its retraction count, id of its origin_input_ids list, id of its output_ids list)
+_OwnerKey = tuple["weakref.ref[Any]", int, int, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenHistorySection:
+    """The token-history part of one forward's upload (views of the packed host buffer).
+
+    ``req_all_ids_lens[b]`` is row ``b``'s whole known history length and
+    ``req_all_ids_flat[offsets[b]:offsets[b + 1]]`` the history's last tokens (all of them for a
+    row with a new owner).
+    """
+
+    req_pool_indices: torch.Tensor  # int64 [bs]
+    req_all_ids_lens: torch.Tensor  # int64 [bs]
+    offsets: torch.Tensor  # int64 [bs + 1]
+    req_all_ids_flat: torch.Tensor  # int64 [T]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerSection:
+    """The owner-chain part of one forward's upload: ``owner_chains[rows[k]] = values[k]``."""
+
+    rows: torch.Tensor  # int64 [k]
+    values: torch.Tensor  # int64 [k]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowUpdates:
+    """Everything one forward uploads, packed in ``packed`` (one host-to-device copy)."""
+
+    packed: torch.Tensor  # int64, CPU (pinned on CUDA machines)
+    token_history: TokenHistorySection | None
+    owners: OwnerSection | None
+    commit_rows: tuple[int, ...]
+    commit_owners: tuple[_OwnerKey, ...]
+    commit_history_lens: tuple[int, ...]
+    unknown_owner_rows: int  # rows whose owner chain the host could not compute
+
+    def sections_on(self, device_packed: torch.Tensor) -> tuple[
+        TokenHistorySection | None, OwnerSection | None
+    ]:
+        """The same sections as views of ``device_packed`` (the uploaded copy of ``packed``)."""
+        def view(section: Any) -> Any:
+            if section is None:
+                return None
+            fields = {}
+            for name in section.__slots__:
+                host = getattr(section, name)
+                start = host.storage_offset() - self.packed.storage_offset()
+                fields[name] = device_packed[start : start + host.shape[0]]
+            return type(section)(**fields)
+
+        return view(self.token_history), view(self.owners)
+
+
+class RequestRows:
+    """Per-row owners of one ``req_to_token`` pool and what the device knows of them.
+
+    Args:
+        num_rows: rows of ``req_to_token`` (padding row 0 included).
+        token_history: keep the token history (send the tokens the device lacks).
+        owner_chains: keep the owner chains (send the chain of rows with a new owner).
+        pin_memory: pin the packed host buffers (CUDA).
+        incremental: send only what the device lacks (False: every history in full every
+            forward, and every row's owner chain; the simple reference for tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_rows: int,
+        token_history: bool,
+        owner_chains: bool,
+        pin_memory: bool,
+        incremental: bool = True,
+    ) -> None:
+        if num_rows < 1:
+            raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+        self.keeps_token_history = token_history
+        self.keeps_owner_chains = owner_chains
+        self._pin_memory = pin_memory
+        self._incremental = incremental
+        self._row_owner: list[_OwnerKey | None] = [None] * num_rows
+        self._row_synced_len: list[int] = [0] * num_rows
+
+    def prepare(
+        self, *, reqs: Sequence[RequestHistory], prefix_lens: Sequence[int]
+    ) -> RowUpdates:
+        """Pack what one forward over ``reqs`` must upload (host only, never touches a device).
+
+        Args:
+            reqs: the forward's requests, one per batch row (``ModelWorkerBatch.reqs``).
+            prefix_lens: tokens already in the KV cache for each row before this forward.
+        Raises:
+            ValueError: a request has no ``req_pool_idx``, or the lengths differ.
+        """
+        if len(prefix_lens) != len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(prefix_lens)} prefix lengths")
+        rows: list[int] = []
+        owners: list[_OwnerKey] = []
+        history_lens: list[int] = []
+        segment_lens: list[int] = []
+        history_tokens: list[int] = []
+        owner_rows: list[int] = []
+        owner_values: list[int] = []
+        unknown = 0
+        for req, prefix_len in zip(reqs, prefix_lens):
+            row = _pool_row(req)
+            origin, output = req.origin_input_ids, req.output_ids
+            owner = (weakref.ref(req), req.retraction_count, id(origin), id(output))
+            new_owner = not self._incremental or self._row_owner[row] != owner
+            num_origin = len(origin)
+            history_len = num_origin + len(output)
+            rows.append(row)
+            owners.append(owner)
+            history_lens.append(history_len)
+            if self.keeps_token_history:
+                start = 0 if new_owner else self._row_synced_len[row]
+                if start > history_len:  # the history shrank in place: rewrite it
+                    start = 0
+                if start < num_origin:
+                    history_tokens += origin[start:]
+                    history_tokens += output
+                else:
+                    history_tokens += output[start - num_origin :]
+                segment_lens.append(history_len - start)
+            if self.keeps_owner_chains and new_owner:
+                owner_rows.append(row)
+                if prefix_len > history_len:
+                    owner_values.append(UNKNOWN_OWNER_CHAIN)
+                    unknown += 1
+                else:
+                    owner_values.append(_owner_chain(origin, output, prefix_len))
+        return _pack(
+            pin_memory=self._pin_memory,
+            history=(rows, history_lens, segment_lens, history_tokens)
+            if self.keeps_token_history
+            else None,
+            owners=(owner_rows, owner_values) if self.keeps_owner_chains else None,
+            commit_rows=tuple(rows),
+            commit_owners=tuple(owners),
+            commit_history_lens=tuple(history_lens),
+            unknown_owner_rows=unknown,
+        )
+
+    def commit(self, updates: RowUpdates) -> None:
+        """The updates were uploaded: the device now knows what they carried."""
+        for row, owner, history_len in zip(
+            updates.commit_rows, updates.commit_owners, updates.commit_history_lens
+        ):
+            self._row_owner[row] = owner
+            self._row_synced_len[row] = history_len
+
+
+def _pool_row(req: RequestHistory) -> int:
+    row = req.req_pool_idx
+    if row is None:
+        raise ValueError(
+            f"request {req.rid!r} is in a forward batch but has req_pool_idx=None; "
+            "the canary needs its req_to_token row"
+        )
+    return row
+
+
+def _owner_chain(origin: list[int], output: list[int], prefix_len: int) -> int:
+    """The chain value of position ``prefix_len`` of the history ``origin + output``."""
+    if prefix_len == 0:
+        return CHAIN_ANCHOR
+    if prefix_len <= len(origin):
+        tokens = torch.tensor(origin[:prefix_len], dtype=torch.int64)
+    else:
+        tokens = torch.tensor(origin + output[: prefix_len - len(origin)], dtype=torch.int64)
+    positions = torch.arange(prefix_len, dtype=torch.int64)
+    terms = chain_term_torch(tokens & _TOKEN_MASK, positions)
+    return CHAIN_ANCHOR + int(terms.sum())
+
+
+def _pack(
+    *,
+    pin_memory: bool,
+    history: tuple[list[int], list[int], list[int], list[int]] | None,
+    owners: tuple[list[int], list[int]] | None,
+    commit_rows: tuple[int, ...],
+    commit_owners: tuple[_OwnerKey, ...],
+    commit_history_lens: tuple[int, ...],
+    unknown_owner_rows: int,
+) -> RowUpdates:
+    bs = len(history[0]) if history is not None else 0
+    num_tokens = len(history[3]) if history is not None else 0
+    history_words = 3 * bs + 1 + num_tokens if history is not None else 0
+    num_owner_rows = len(owners[0]) if owners is not None else 0
+    packed = torch.empty(history_words + 2 * num_owner_rows, dtype=torch.int64,
+                         pin_memory=pin_memory)
+    array = packed.numpy()
+    history_section = owner_section = None
+    if history is not None:
+        rows, history_lens, segment_lens, tokens = history
+        array[:bs] = rows
+        array[bs : 2 * bs] = history_lens
+        array[2 * bs] = 0
+        np.cumsum(segment_lens, out=array[2 * bs + 1 : 3 * bs + 1])
+        array[3 * bs + 1 : history_words] = tokens
+        history_section = TokenHistorySection(
+            req_pool_indices=packed[:bs],
+            req_all_ids_lens=packed[bs : 2 * bs],
+            offsets=packed[2 * bs : 3 * bs + 1],
+            req_all_ids_flat=packed[3 * bs + 1 : history_words],
+        )
+    if owners is not None:
+        owner_rows, owner_values = owners
+        start = history_words
+        array[start : start + num_owner_rows] = owner_rows
+        array[start + num_owner_rows :] = owner_values
+        owner_section = OwnerSection(
+            rows=packed[start : start + num_owner_rows],
+            values=packed[start + num_owner_rows :],
+        )
+    return RowUpdates(
+        packed=packed,
+        token_history=history_section,
+        owners=owner_section,
+        commit_rows=commit_rows,
+        commit_owners=commit_owners,
+        commit_history_lens=commit_history_lens,
+        unknown_owner_rows=unknown_owner_rows,
+    )

@@ -1,0 +1,11 @@
+"""The token history and the checks that need it.
+
+* :mod:`.history`: each request row's ``origin_input_ids + output_ids`` on the device, refreshed
+  incrementally before every forward (what to send is decided by
+  :mod:`..runner.request_rows`).
+* Verify-token: every verified slot's stored token against the history (positions the history
+  does not know yet are skipped); the kernels index the history by request row, so forwards
+  replayed from CUDA graphs check tokens exactly as eager ones do.
+* :mod:`.write_expectations`: the write-input assert's expected tokens and positions (the
+  oracle's tokens; prompt tokens fall back to the history inside the kernel).
+"""
