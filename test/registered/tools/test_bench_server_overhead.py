@@ -198,7 +198,7 @@ def test_refusal_reason_prefers_the_canary_error() -> None:
     log = "\n".join([
         "[2026 TP0] Scheduler hit an exception: Traceback (most recent call last):",
         "  File \"x.py\", line 1, in f",
-        "sglang.srt.kv_canary.refusals.CanaryUnsupportedError: KV canary cannot protect this",
+        "sglang.srt.kv_canary.runner.refusals.CanaryUnsupportedError: KV canary cannot protect this",
         "RuntimeError: Initialization failed. Please see the error messages above.",
     ])
     assert bench.refusal_reason(log_text=log, fallback="exited") == (

@@ -77,10 +77,10 @@ def test_only_word_mentions_outside_loader_bookkeeping_are_notices() -> None:
 def test_the_lines_the_runtime_writes_are_recognized() -> None:
     """Start-up, stats, health and violation lines as the canary's own modules format them."""
     from sglang.jit_kernel.kv_canary import consts
-    from sglang.srt.kv_canary.health import HEALTH_OK_PREFIX
-    from sglang.srt.kv_canary.snapshots import CounterSnapshot
-    from sglang.srt.kv_canary.stats import stats_line
-    from sglang.srt.kv_canary.violations import ViolationRow
+    from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
+    from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
+    from sglang.srt.kv_canary.monitor.stats import stats_line
+    from sglang.srt.kv_canary.monitor.violations import ViolationRow
 
     row = [0] * consts.RING_ROW_FIELDS
     row[consts.ROW_CHECK] = consts.CheckKind.POST_VERIFY

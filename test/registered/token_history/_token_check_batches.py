@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 from sglang.srt.kv_canary import core_hooks
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
-from sglang.srt.kv_canary.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.runtime import CanaryRuntime, install_canary
 from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
 from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_token_oracle

@@ -22,10 +22,10 @@ import time
 import pytest
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
-from sglang.srt.kv_canary.health import HEALTH_OK_PREFIX
+from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
-from sglang.srt.kv_canary.stats import STATS_LINE_RE
-from sglang.srt.kv_canary.violations import ViolationRow, find_violation_rows
+from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
+from sglang.srt.kv_canary.monitor.violations import ViolationRow, find_violation_rows
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=900, suite="kv-canary-gpu")

@@ -8,7 +8,7 @@ import torch
 
 from _oracle_reference import oracle_token, splitmix64_finalizer
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle, hash_oracle_token_scalar
-from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="kv-canary-cpu")

@@ -34,20 +34,20 @@ from _token_check_batches import (
 
 from sglang.jit_kernel.kv_canary.consts import FIELD_TOKEN, CheckKind, Reason
 from sglang.srt.kv_canary import core_hooks
-from sglang.srt.kv_canary.batch_view_builder import build_batch_view
+from sglang.srt.kv_canary.runner.kernel_inputs import build_batch_view
 from sglang.srt.kv_canary.config import (
     CanaryConfig,
     CanaryMode,
     set_active_config_for_testing,
 )
 from sglang.srt.kv_canary.hook_targets import select_hook_specs
-from sglang.srt.kv_canary.memory_budget import fixed_bytes
+from sglang.srt.kv_canary.runner.memory_budget import fixed_bytes
 from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (
     FORWARD_BATCH_ATTRIBUTE,
     ReqToVerifyExpectedTokens,
 )
 from sglang.srt.kv_canary.request_id_hooks import attach_request_ids_after_init_new
-from sglang.srt.kv_canary.request_ids import MissingRequestIdsError, set_request_ids
+from sglang.srt.kv_canary.token_oracle.request_ids import MissingRequestIdsError, set_request_ids
 from sglang.srt.kv_canary.runtime import install_canary, runtime_of
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
@@ -67,8 +67,8 @@ from sglang.srt.kv_canary.token_checks.sizing import (
     token_check_bytes,
 )
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
-from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
-from sglang.srt.kv_canary.violations import find_violation_rows
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
+from sglang.srt.kv_canary.monitor.violations import find_violation_rows
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cpu_ci

@@ -29,14 +29,14 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
-from sglang.srt.kv_canary.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.model_forward import CanaryModelForward
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.model_forward import CanaryModelForward
 from sglang.srt.kv_canary.req_to_expected_token_ids_manager import ReqToVerifyExpectedTokens
-from sglang.srt.kv_canary.request_ids import set_request_ids, stable_hash_str_to_i64
+from sglang.srt.kv_canary.token_oracle.request_ids import set_request_ids, stable_hash_str_to_i64
 from sglang.srt.kv_canary.token_checks.checks import TokenChecks
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle, hash_oracle_token_scalar
-from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
-from sglang.srt.kv_canary.violations import ViolationRow
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
+from sglang.srt.kv_canary.monitor.violations import ViolationRow
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cuda_ci
 

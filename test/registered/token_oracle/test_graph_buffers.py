@@ -16,9 +16,9 @@ from sglang.srt.kv_canary.request_id_graph_buffers import (
     fill_decode_graph_request_ids_after_replay_prepare,
     fill_draft_graph_request_ids_before_replay,
 )
-from sglang.srt.kv_canary.request_ids import request_ids_of, set_request_ids
+from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of, set_request_ids
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
-from sglang.srt.kv_canary.token_oracle.oracle_manager import ExpectedInputs, TokenOracleManager
+from sglang.srt.kv_canary.token_oracle.manager import ExpectedInputs, TokenOracleManager
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cpu_ci
 

@@ -21,10 +21,10 @@ from sglang.jit_kernel.kv_canary.consts import (
     Reason,
 )
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
-from sglang.srt.kv_canary.monitor import CanaryMonitor
-from sglang.srt.kv_canary.snapshots import CounterSnapshotPipe, HostEvent
-from sglang.srt.kv_canary.violation_reporter import RING_OVERFLOW_PREFIX, ViolationReporter
-from sglang.srt.kv_canary.violations import CanaryViolationError, find_violation_rows
+from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
+from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshotPipe, HostEvent
+from sglang.srt.kv_canary.monitor.violation_reporter import RING_OVERFLOW_PREFIX, ViolationReporter
+from sglang.srt.kv_canary.monitor.violations import CanaryViolationError, find_violation_rows
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")

@@ -7,9 +7,9 @@ import torch
 
 from _batches import VOCAB_SIZE, FakeReq, forward_batch_from_init_new, model_worker_batch
 from _oracle_reference import generalized_id, oracle_token
-from sglang.srt.kv_canary.request_ids import MissingRequestIdsError, RIDS_INT_ATTR
+from sglang.srt.kv_canary.token_oracle.request_ids import MissingRequestIdsError, RIDS_INT_ATTR
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
-from sglang.srt.kv_canary.token_oracle.oracle_manager import (
+from sglang.srt.kv_canary.token_oracle.manager import (
     NO_EXPECTATION,
     ExpectedInputs,
     TokenOracleManager,

@@ -27,9 +27,9 @@ from sglang.jit_kernel.kv_canary.consts import (
 )
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE, InjectedFault
 from sglang.srt.kv_canary.perturb.live_rows import LiveRow
-from sglang.srt.kv_canary.snapshots import CounterSnapshot
-from sglang.srt.kv_canary.stats import STATS_LINE_RE, stats_line
-from sglang.srt.kv_canary.violations import (
+from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
+from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE, stats_line
+from sglang.srt.kv_canary.monitor.violations import (
     VIOLATION_LINE_RE,
     CanaryViolationError,
     ViolationRow,

@@ -19,10 +19,10 @@ from _oracle_reference import generalized_id, oracle_token
 from sglang.srt.kv_canary import config as canary_config
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig
 from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState
-from sglang.srt.kv_canary.request_ids import MissingRequestIdsError
+from sglang.srt.kv_canary.token_oracle.request_ids import MissingRequestIdsError
 from sglang.srt.kv_canary.token_oracle import eagle_verify, install, sampler
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
-from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.srt.layers import sampler as sglang_sampler
 from sglang.srt import server_args as sglang_server_args
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput

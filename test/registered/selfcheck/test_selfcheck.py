@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_KERNEL_RUNS, COUNTER_VIOLATIONS, CheckKind
-from sglang.srt.kv_canary.kernels import CanaryKernels, KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck import __main__ as selfcheck_main
 from sglang.srt.kv_canary.selfcheck.scenarios import default_scenarios, run_scenario
 from sglang.test.ci.ci_register import register_cpu_ci

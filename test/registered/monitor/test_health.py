@@ -6,13 +6,13 @@ import sys
 import pytest
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_KERNEL_RUNS, NUM_COUNTERS, CheckKind
-from sglang.srt.kv_canary.health import (
+from sglang.srt.kv_canary.monitor.health import (
     HEALTH_OK_PREFIX,
     MAX_SNAPSHOT_LAG_STEPS,
     CanaryHealthError,
     HealthChecker,
 )
-from sglang.srt.kv_canary.snapshots import CounterSnapshot
+from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=3, suite="kv-canary-cpu")

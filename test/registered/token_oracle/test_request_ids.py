@@ -13,7 +13,7 @@ from sglang.srt.kv_canary.request_id_hooks import (
     attach_request_ids_after_init_new,
     pad_request_ids_after_pad_inputs,
 )
-from sglang.srt.kv_canary.request_ids import (
+from sglang.srt.kv_canary.token_oracle.request_ids import (
     MissingRequestIdsError,
     bootstrap_rooms_to_tensor,
     generalized_req_ids_of,

@@ -9,8 +9,8 @@ import torch
 
 from sglang.srt.kv_canary import core_hooks
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
-from sglang.srt.kv_canary.device_state import allocate_device_state
-from sglang.srt.kv_canary.refusals import (
+from sglang.srt.kv_canary.runner.device_state import allocate_device_state
+from sglang.srt.kv_canary.runner.refusals import (
     CanaryUnsupportedError,
     unsupported_pools,
     unsupported_server_args,

@@ -23,8 +23,8 @@ import pytest
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
-from sglang.srt.kv_canary.violation_reporter import RING_OVERFLOW_PREFIX
-from sglang.srt.kv_canary.violations import find_violation_rows
+from sglang.srt.kv_canary.monitor.violation_reporter import RING_OVERFLOW_PREFIX
+from sglang.srt.kv_canary.monitor.violations import find_violation_rows
 from sglang.test.ci.ci_register import register_cuda_ci
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))

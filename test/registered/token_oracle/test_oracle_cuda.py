@@ -8,9 +8,9 @@ import torch
 
 from _oracle_reference import oracle_token, rid_hash
 from sglang.srt.kv_canary.request_id_graph_buffers import GraphRequestIdBuffers
-from sglang.srt.kv_canary.request_ids import request_ids_to_tensors
+from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_to_tensors
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
-from sglang.srt.kv_canary.token_oracle.oracle_manager import (
+from sglang.srt.kv_canary.token_oracle.manager import (
     NO_EXPECTATION,
     ExpectedInputs,
     TokenOracleManager,

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_VIOLATIONS
-from sglang.srt.kv_canary.kernels import CanaryKernels, KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.scenarios import default_scenarios, run_scenario
 from sglang.srt.kv_canary.token_checks.checks import TokenChecks
 from sglang.test.ci.ci_register import register_cpu_ci

@@ -23,7 +23,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
 )
 from sglang.srt.kv_canary import core_hooks
-from sglang.srt.kv_canary.batch_view_builder import UnsupportedForwardModeError, build_batch_view
+from sglang.srt.kv_canary.runner.kernel_inputs import UnsupportedForwardModeError, build_batch_view
 from sglang.srt.kv_canary.config import (
     CanaryConfig,
     CanaryMode,
@@ -31,9 +31,9 @@ from sglang.srt.kv_canary.config import (
     RealDataMode,
     set_active_config_for_testing,
 )
-from sglang.srt.kv_canary.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.memory_budget import fixed_bytes
-from sglang.srt.kv_canary.model_forward import CanaryModelForward
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.memory_budget import fixed_bytes
+from sglang.srt.kv_canary.runner.model_forward import CanaryModelForward
 from sglang.srt.kv_canary.runtime import install_canary, runtime_of
 from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,

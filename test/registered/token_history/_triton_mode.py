@@ -1,0 +1,31 @@
+"""Run the scatter kernel in Triton's interpreter on machines without CUDA (test support).
+
+``triton.jit`` picks the interpreter when the kernel module is imported, so
+:func:`interpret_kernels_without_cuda` sets ``TRITON_INTERPRET=1`` first and re-imports the
+module if an earlier test module already imported it compiled. With CUDA it changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+
+KERNEL_MODULE = "sglang.jit_kernel.kv_canary.scatter_req_token_ids"
+
+
+def kernel_is_interpreted() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    module = importlib.import_module(KERNEL_MODULE)
+    return isinstance(module._scatter_req_token_ids_kernel, InterpretedFunction)
+
+
+def interpret_kernels_without_cuda() -> None:
+    if torch.cuda.is_available():
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    if KERNEL_MODULE in sys.modules and not kernel_is_interpreted():
+        importlib.reload(sys.modules[KERNEL_MODULE])
