@@ -61,6 +61,7 @@ class PerturbConfig:
     real_kv_unused_cache_prob: float = 0.0
     real_kv_post_forward_prob: float = 0.0
     input_ids_prob: float = 0.0
+    seq_lens_prob: float = 0.0
 
     def enabled_probabilities(self) -> dict[str, float]:
         """The perturbations with a non-zero probability, by short name."""
@@ -88,6 +89,7 @@ class CanaryConfig:
     ring_capacity: int = 1024
     stats_print_every_n_steps: int = 100
     health_check_every_n_steps: int = 100
+    reinject_padded_row_bug: bool = False
     perturb: PerturbConfig = field(default_factory=PerturbConfig)
 
     @property
@@ -116,6 +118,8 @@ class CanaryConfig:
             parts.append(f"ring_capacity={self.ring_capacity}")
             parts.append(f"stats_every={self.stats_print_every_n_steps}")
             parts.append(f"health_check_every={self.health_check_every_n_steps}")
+            if self.reinject_padded_row_bug:
+                parts.append("padded_row_fix=OFF (bug re-injected)")
         parts.append(f"token_oracle={_on_off(self.enable_token_oracle)}")
         if self.canary_enabled:
             parts.append(f"write_input_assert={_on_off(self.enable_write_input_assert)}")
@@ -299,6 +303,11 @@ KNOBS: tuple[Knob, ...] = (
          parse=_int_parser(minimum=1), default="100", allowed="integer >= 1",
          meaning="how often the 'health ok' line confirms every forward ran the canary",
          off_value=None, no_effect=_needs_canary),
+    Knob(suffix="REINJECT_PADDED_ROW_BUG", field="reinject_padded_row_bug", parse=_parse_bool,
+         default="0", allowed="boolean",
+         meaning="debug: leave SGLang 0.5.12's stale padded CUDA-graph rows unfixed, to see "
+                 "what the canary reports (write_unmapped)",
+         off_value="0", no_effect=_needs_canary),
     Knob(suffix="PERTURB_WARMUP_STEPS", field="perturb.warmup_steps",
          parse=_int_parser(minimum=0), default="50", allowed="integer >= 0",
          meaning="no perturbation before this many forward steps (next_token_swap: calls of "
@@ -319,15 +328,14 @@ KNOBS: tuple[Knob, ...] = (
     _probability("PERTURB_REAL_KV_POST_FORWARD_PROB", "flip a byte of a slot just written"),
     _probability("PERTURB_INPUT_IDS_PROB",
                  "overwrite one row's input token right before the forward"),
+    _probability("PERTURB_SEQ_LENS_PROB",
+                 "shift one live row's device seq_lens by one for one forward (its host mirror "
+                 "keeps the true value)"),
 )
 KNOWN_NAMES: frozenset[str] = frozenset(knob.name for knob in KNOBS)
 
 # Knobs this release does not implement yet: refused when switched on, never silently ignored.
-NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
-    "SWEEP_INTERVAL",
-    "PERTURB_REAL_KV_UNUSED_CACHE_PROB",
-    "PERTURB_REAL_KV_POST_FORWARD_PROB",
-})
+NOT_YET_IMPLEMENTED: frozenset[str] = frozenset()
 
 
 def markdown_table() -> str:

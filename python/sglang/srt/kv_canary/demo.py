@@ -12,8 +12,9 @@ variables of the calling shell reach the server (e.g. ``SGLANG_KV_CANARY_REAL_DA
 
 Without a CUDA GPU: runs the CPU self-check (``python -m sglang.srt.kv_canary.selfcheck``).
 
-Exit codes: 0 the canary ran and saw no violation (or the self-check passed); 1 violations, or
-no sign that the canary ran; 2 no GPU and no self-check installed; 3 the server failed;
+Exit codes: 0 the canary ran (start-up line, slots verified per its stats line, at least one
+passed health check) and saw no violation, or the self-check passed; 1 violations, or no proof
+that the canary checked anything; 2 no GPU and no self-check installed; 3 the server failed;
 otherwise the self-check's own code.
 """
 
@@ -30,7 +31,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sglang.srt.kv_canary.tools.canary_log import CanaryLogSummary, parse_canary_log
+from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
+from sglang.srt.kv_canary.tools.canary_log import (
+    CanaryLogLine,
+    CanaryLogSummary,
+    parse_canary_log,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.kv_canary.tools.server import RunningServer
@@ -141,19 +147,35 @@ def report(summary: CanaryLogSummary, *, shown: int = 20) -> int:
         print(f"other canary messages: {len(summary.notices)}")
         for notice in summary.notices[:shown]:
             print(f"  {notice.strip()}")
+    print(f"health   : {len(summary.health_ok)} passed check(s)")
     if not summary.startup:
         print("RESULT: the canary did not start (is sglang-kv-canary installed?)", flush=True)
         return EXIT_VIOLATIONS
     if summary.violations:
         print(f"RESULT: {len(summary.violations)} violation(s)", flush=True)
         return EXIT_VIOLATIONS
-    print("RESULT: no violation", flush=True)
+    protected = _protected_tokens(latest)
+    if not protected or not summary.health_ok:
+        print(f"RESULT: no proof the canary checked anything (slots verified: {protected}, "
+              f"health checks passed: {len(summary.health_ok)})", flush=True)
+        return EXIT_VIOLATIONS
+    print(f"RESULT: no violation ({protected} slot verifications, "
+          f"{len(summary.health_ok)} health checks passed)", flush=True)
     return EXIT_CLEAN
+
+
+def _protected_tokens(stats: CanaryLogLine | None) -> int:
+    """Slot verifications the latest stats line reports (0 without one)."""
+    if stats is None:
+        return 0
+    match = STATS_LINE_RE.search(stats.message)
+    return int(match["protected"]) if match else 0
 
 
 def _server_settings() -> tuple[dict[str, str], tuple[str, ...], str]:
     env = {"SGLANG_KV_CANARY_MODE": "log",
-           "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": _STATS_EVERY_N_STEPS}
+           "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": _STATS_EVERY_N_STEPS,
+           "SGLANG_KV_CANARY_HEALTH_CHECK_EVERY_N_STEPS": _STATS_EVERY_N_STEPS}
     args: tuple[str, ...] = ("--chunked-prefill-size", "1024")
     if importlib.util.find_spec(TOKEN_ORACLE_MODULE) is None:
         return env, args, "token oracle not installed: greedy sampling on dummy weights"

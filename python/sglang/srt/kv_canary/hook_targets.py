@@ -51,6 +51,14 @@ def _oracle_or_canary(config: CanaryConfig) -> bool:
     return config.enable_token_oracle or config.canary_enabled
 
 
+def _sweep(config: CanaryConfig) -> bool:
+    return config.canary_enabled and config.sweep_interval > 0
+
+
+def _padded_row_fix(config: CanaryConfig) -> bool:
+    return config.canary_enabled and not config.reinject_padded_row_bug
+
+
 HOOK_SPECS: tuple[HookSpec, ...] = (
     # ------------------------------------------------------------- server args (CLI process)
     HookSpec(
@@ -67,6 +75,13 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         adapter=f"{_ADAPTERS}.scheduler:log_startup_line",
         needed=_always,
         purpose="one start-up line per scheduler process saying what is enabled",
+    ),
+    HookSpec(
+        target="sglang.srt.managers.scheduler.Scheduler.init_cache_with_memory_pool",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.scheduler:after_init_cache",
+        needed=_sweep,
+        purpose="the radix sweep walks the scheduler's prefix cache",
     ),
     HookSpec(
         target="sglang.srt.managers.scheduler_runtime_checker_mixin."
@@ -162,7 +177,7 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         target=f"{_GRAPH}.DecodeInputBuffers.populate_from_forward_batch",
         hook_type="before",
         adapter=f"{_ADAPTERS}.cuda_graph_runner:before_populate_buffers",
-        needed=_canary,
+        needed=_padded_row_fix,
         purpose="padded graph rows point at req_pool_idx 0, not at stale requests",
     ),
     # ------------------------------------------------------------- EAGLE

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from sglang.srt.kv_canary.config import get_active_config
-from sglang.srt.kv_canary.runner.canary_runner import canary_runners_of_scheduler
+from sglang.srt.kv_canary.runner.canary_runner import canary_runners_of_scheduler, runner_of
 
 logger = logging.getLogger("sglang.srt.kv_canary")
 
@@ -14,6 +14,11 @@ logger = logging.getLogger("sglang.srt.kv_canary")
 def log_startup_line(*args: Any, **kwargs: Any) -> None:
     """BEFORE ``Scheduler.__init__``: one line saying what is enabled."""
     logger.info(get_active_config().describe())
+
+
+def after_init_cache(result: None, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``Scheduler.init_cache_with_memory_pool``: the radix sweep walks the tree cache."""
+    runner_of(scheduler.tp_worker.model_runner).attach_radix_cache(scheduler.tree_cache)
 
 
 def poll_when_idle(result: None, scheduler: Any, *args: Any, **kwargs: Any) -> None:

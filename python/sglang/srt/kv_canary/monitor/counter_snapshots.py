@@ -65,6 +65,7 @@ class CounterSnapshot:
 
     steps: int  # forward steps with request rows completed when the copy was enqueued
     launches: int  # canary launch pairs the host had enqueued when the copy was enqueued
+    sweep_launches: int  # radix sweep launches the host had enqueued by then
     counters: tuple[int, ...]  # consts.py counter layout
 
     @property
@@ -78,7 +79,7 @@ class CounterSnapshot:
         return self.counters[COUNTER_ENTRIES + kind]
 
 
-ZERO_SNAPSHOT = CounterSnapshot(steps=0, launches=0, counters=(0,) * NUM_COUNTERS)
+ZERO_SNAPSHOT = CounterSnapshot(steps=0, launches=0, sweep_launches=0, counters=(0,) * NUM_COUNTERS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +88,7 @@ class _PendingCopy:
     event: CompletionEvent
     steps: int
     launches: int
+    sweep_launches: int
 
 
 class CounterSnapshotPipe:
@@ -107,7 +109,7 @@ class CounterSnapshotPipe:
         ]
         self._pending: deque[_PendingCopy] = deque()
 
-    def enqueue(self, *, steps: int, launches: int) -> bool:
+    def enqueue(self, *, steps: int, launches: int, sweep_launches: int) -> bool:
         """Copy the counters on the current stream; False when every slot is still in flight."""
         if not self._free:
             return False
@@ -115,7 +117,8 @@ class CounterSnapshotPipe:
         host.copy_(self._counters, non_blocking=True)
         event.record()
         self._pending.append(
-            _PendingCopy(host=host, event=event, steps=steps, launches=launches)
+            _PendingCopy(host=host, event=event, steps=steps, launches=launches,
+                         sweep_launches=sweep_launches)
         )
         return True
 
@@ -128,6 +131,7 @@ class CounterSnapshotPipe:
                 CounterSnapshot(
                     steps=copy.steps,
                     launches=copy.launches,
+                    sweep_launches=copy.sweep_launches,
                     counters=tuple(copy.host.tolist()),
                 )
             )

@@ -10,8 +10,9 @@ replaced at run time) reports zero violations forever. Two checks, both raising 
 * device agreement (:class:`HealthChecker`, every ``health_check_every_n_steps`` forward steps,
   on the counter snapshots the monitor already consumed, so it never synchronizes): each
   per-forward kernel's run counter must *equal* the number of launches the host had enqueued
-  when the snapshot was taken. Exact, not "at least": extra runs (capture warm-ups, idle
-  replays) cannot hide a forward that skipped the canary.
+  when the snapshot was taken (and the sweep's run counter the host's sweep launches). Exact,
+  not "at least": extra runs (capture warm-ups, idle replays) cannot hide a forward that
+  skipped the canary.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ class HealthChecker:
                 "(device-to-host counter copies stopped completing)"
             )
         runs = {kind: latest.kernel_runs(kind) for kind in PER_FORWARD_KINDS}
-        wrong = [kind for kind, count in runs.items() if count != latest.launches]
+        expected = {kind: latest.launches for kind in PER_FORWARD_KINDS}
+        runs[CheckKind.SWEEP] = latest.kernel_runs(CheckKind.SWEEP)
+        expected[CheckKind.SWEEP] = latest.sweep_launches
+        wrong = [kind for kind, count in runs.items() if count != expected[kind]]
         summary = ", ".join(f"{kind.name.lower()} {count}" for kind, count in runs.items())
         window = f"steps {self._baseline.steps}..{latest.steps}"
         if wrong:
@@ -70,8 +74,8 @@ class HealthChecker:
             raise CanaryHealthError(
                 f"KV canary health check failed: canary path is not executing as it must: at "
                 f"step {latest.steps} the host had enqueued {latest.launches} canary launches "
-                f"but the device counted {summary} ({names} differ). Corruption would go "
-                "unreported."
+                f"and {latest.sweep_launches} sweep launches but the device counted {summary} "
+                f"({names} differ). Corruption would go unreported."
             )
         self._baseline = latest
         return f"{HEALTH_OK_PREFIX} {window}: {latest.launches} launches, kernel runs {summary}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
+from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.monitor.health import HealthChecker
 from sglang.srt.kv_canary.monitor.counter_snapshots import (
@@ -37,7 +37,9 @@ class CanaryMonitor:
         new_event: Callable[[], CompletionEvent],
     ) -> None:
         self._pipe = CounterSnapshotPipe(counters=state.counters, new_event=new_event)
-        self._reporter = ViolationReporter(ring=state.ring, mode=config.mode)
+        self._reporter = ViolationReporter(
+            ring=state.ring, counters=state.counters, mode=config.mode
+        )
         self._health = HealthChecker(every_n_steps=config.health_check_every_n_steps)
         self._stats_every = config.stats_print_every_n_steps
         self._latest = ZERO_SNAPSHOT
@@ -53,16 +55,17 @@ class CanaryMonitor:
             self._latest = snapshot
             self._reporter.report(violation_count=snapshot.violations)
 
-    def after_forward(self, *, steps: int, launches: int) -> None:
+    def after_forward(self, *, steps: int, launches: int, sweep_launches: int = 0) -> None:
         """Enqueue the counter copy of the forward just launched; periodic health and stats.
 
         Args:
             steps: forward steps with request rows completed, this one included.
             launches: canary launch pairs the host has enqueued so far.
+            sweep_launches: radix sweep launches the host has enqueued so far.
         Raises:
             CanaryHealthError: the periodic health check failed.
         """
-        self._pipe.enqueue(steps=steps, launches=launches)
+        self._pipe.enqueue(steps=steps, launches=launches, sweep_launches=sweep_launches)
         if steps == self._last_periodic_step:
             return  # a forward without request rows: nothing new to check or print
         self._last_periodic_step = steps

@@ -2,11 +2,13 @@
 
 Format (stable, :data:`STATS_LINE_RE` parses it)::
 
-    KV canary stats: protected N tokens (slots verified), W slots written, K violations, S steps
+    KV canary stats: protected N tokens (slots verified), W slots written, M sweeps (X slots
+        swept), K violations, S steps
 
-N counts slot verifications (pre-forward plus post-forward; a prefix slot is verified on every
-forward of every request that references it), W the records written, K the violation rows ever
-produced (including rows a full ring dropped), S the forward steps the snapshot covers.
+(one line in the log). N counts slot verifications (pre-forward plus post-forward; a prefix slot
+is verified on every forward of every request that references it), W the records written, M the
+radix sweep launches and X the slots they verified, K the violation rows ever produced
+(including rows a full ring dropped), S the forward steps the snapshot covers.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 
 STATS_LINE_RE = re.compile(
     r"KV canary stats: protected (?P<protected>\d+) tokens \(slots verified\), "
-    r"(?P<written>\d+) slots written, (?P<violations>\d+) violations, (?P<steps>\d+) steps"
+    r"(?P<written>\d+) slots written, (?P<sweeps>\d+) sweeps \((?P<swept>\d+) slots swept\), "
+    r"(?P<violations>\d+) violations, (?P<steps>\d+) steps"
 )
 
 
@@ -26,8 +29,10 @@ def stats_line(snapshot: CounterSnapshot) -> str:
     protected = snapshot.entries(CheckKind.PRE_VERIFY) + snapshot.entries(CheckKind.POST_VERIFY)
     return (
         f"KV canary stats: protected {protected} tokens (slots verified), "
-        f"{snapshot.entries(CheckKind.WRITE)} slots written, {snapshot.violations} violations, "
-        f"{snapshot.steps} steps"
+        f"{snapshot.entries(CheckKind.WRITE)} slots written, "
+        f"{snapshot.kernel_runs(CheckKind.SWEEP)} sweeps "
+        f"({snapshot.entries(CheckKind.SWEEP)} slots swept), "
+        f"{snapshot.violations} violations, {snapshot.steps} steps"
     )
 
 

@@ -1,64 +1,136 @@
 """Cold path: new violation rows of the device ring become log lines or an exception.
 
-Runs only when a counter snapshot shows more violations than were already reported, so the
+Runs only when a counter snapshot shows more violations than were already handled, so the
 synchronous read of the ring rows is off the steady-state path.
+
+Ring discipline (shared with the kernels, see :mod:`sglang.jit_kernel.kv_canary.consts`): the
+device gives every violation an ever-growing index ``n`` and stores its row at ``ring[n %
+capacity]`` only while ``n - counters[COUNTER_CONSUMED] < capacity``; each stored row carries
+``n`` in ``ROW_INDEX``. After reading, the host advances ``COUNTER_CONSUMED`` (a stream-ordered
+device write, no sync), which frees those ring rows for reuse: the ring never stops reporting.
+A row whose slot holds another index was dropped (the ring was full of unread rows); drops are
+counted and reported, never mistaken for rows.
+
+Log mode de-duplicates: the first row of each ``(check, slot, reasons)`` is logged in full; later
+rows of the same key are counted, and one summary line per report says how many repeats were
+suppressed, so one persistent bad slot cannot flood the log or hide a new, different corruption.
+Raise mode raises at the first new row (no de-duplication).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 import torch
 
+from sglang.jit_kernel.kv_canary.consts import COUNTER_CONSUMED, ROW_INDEX
 from sglang.srt.kv_canary.config import CanaryMode
 from sglang.srt.kv_canary.monitor.violations import CanaryViolationError, ViolationRow
 
 logger = logging.getLogger(__name__)
 
 RING_OVERFLOW_PREFIX = "kv_canary ring overflow:"
+REPEATS_PREFIX = "kv_canary violation repeats:"
+MAX_TRACKED_KEYS = 1 << 16  # (check, slot, reasons) keys remembered for de-duplication (LRU)
+
+_Key = tuple[int, int, int]
 
 
 class ViolationReporter:
-    """Reports each ring row once: WARNING lines in ``log`` mode, an exception in ``raise`` mode.
+    """Reports each violation once: WARNING lines in ``log`` mode (repeats of an already
+    reported ``(check, slot, reasons)`` summarized), an exception in ``raise`` mode.
 
-    ``counters[COUNTER_VIOLATIONS]`` counts every violation ever produced, including the rows the
-    full ring dropped; rows ``[reported, min(count, capacity))`` are the new ones in the ring.
+    Args:
+        ring: the device ring, int64 ``[capacity, RING_ROW_FIELDS]``.
+        counters: the device counters (``COUNTER_CONSUMED`` is written here).
+        mode: log or raise.
     """
 
-    def __init__(self, *, ring: torch.Tensor, mode: CanaryMode) -> None:
+    def __init__(self, *, ring: torch.Tensor, counters: torch.Tensor, mode: CanaryMode) -> None:
         if mode is CanaryMode.NONE:
             raise ValueError("ViolationReporter needs mode log or raise, got none")
         self._ring = ring
+        self._counters = counters
         self._mode = mode
         self._capacity = ring.shape[0]
-        self._reported = 0  # violations handled so far (rows read + rows dropped)
+        self._handled = 0  # violation indices handled (read or found dropped)
+        self._seen: OrderedDict[_Key, int] = OrderedDict()  # key -> rows seen
+        self.rows_reported = 0
+        self.rows_suppressed = 0
+        self.rows_dropped = 0
 
     def report(self, *, violation_count: int) -> None:
-        """Handle the violations ``[reported, violation_count)``.
+        """Handle the violation indices ``[handled, violation_count)``.
 
         Raises:
             CanaryViolationError: raise mode and there is at least one new violation.
         """
-        if violation_count <= self._reported:
+        if violation_count <= self._handled:
             return
-        first, end = self._reported, violation_count
-        kept_end = min(end, self._capacity)
-        rows = []
-        if first < kept_end:
-            values = self._ring[first:kept_end].cpu().tolist()  # synchronous: cold path only
-            rows = [ViolationRow.from_ring_row(row) for row in values]
-        dropped = end - max(first, self._capacity) if end > self._capacity else 0
-        self._reported = end
-        lines = [row.to_line() for row in rows]
-        if dropped:
-            lines.append(
-                f"{RING_OVERFLOW_PREFIX} {dropped} more violation row(s) were dropped "
-                f"({end - self._capacity} dropped in total; the ring keeps the first "
-                f"{self._capacity} rows, set SGLANG_KV_CANARY_RING_CAPACITY to keep more)"
-            )
+        first, end = self._handled, violation_count
+        rows = self._read_rows(first=first, end=end)
+        dropped = (end - first) - len(rows)
+        self._handled = end
+        self._counters[COUNTER_CONSUMED].fill_(end)  # frees the ring rows (stream-ordered)
+        self.rows_dropped += dropped
+        drop_line = (
+            f"{RING_OVERFLOW_PREFIX} {dropped} violation row(s) were dropped "
+            f"({self.rows_dropped} in total): more than {self._capacity} rows arrived between "
+            "two reads by the host; set SGLANG_KV_CANARY_RING_CAPACITY to keep more"
+            if dropped
+            else None
+        )
         if self._mode is CanaryMode.RAISE:
+            lines = [row.to_line() for row in rows] + ([drop_line] if drop_line else [])
             for line in lines:
                 logger.error(line)
+            self.rows_reported += len(rows)
             raise CanaryViolationError(rows=rows, lines=lines)
-        for line in lines:
-            logger.warning(line)
+        new_rows, repeats = self._split_repeats(rows)
+        for row in new_rows:
+            logger.warning(row.to_line())
+        self.rows_reported += len(new_rows)
+        self.rows_suppressed += repeats
+        if repeats:
+            logger.warning(
+                f"{REPEATS_PREFIX} {repeats} row(s) repeating an already reported (check, slot, "
+                f"reasons) were not printed ({self.rows_suppressed} suppressed in total, "
+                f"{len(self._seen)} distinct keys)"
+            )
+        if drop_line:
+            logger.warning(drop_line)
+
+    def _read_rows(self, *, first: int, end: int) -> list[ViolationRow]:
+        """The stored rows of indices ``[first, end)`` (synchronous: cold path only)."""
+        capacity = self._capacity
+        last = min(end, first + capacity)
+        slots = [index % capacity for index in range(first, last)]
+        start = slots[0]
+        if start + len(slots) <= capacity:
+            values = self._ring[start : start + len(slots)].cpu().tolist()
+        else:
+            split = capacity - start
+            values = (
+                self._ring[start:].cpu().tolist() + self._ring[: len(slots) - split].cpu().tolist()
+            )
+        return [
+            ViolationRow.from_ring_row(row)
+            for index, row in zip(range(first, last), values)
+            if row[ROW_INDEX] == index
+        ]
+
+    def _split_repeats(self, rows: list[ViolationRow]) -> tuple[list[ViolationRow], int]:
+        new_rows: list[ViolationRow] = []
+        repeats = 0
+        for row in rows:
+            key = (int(row.check), row.slot, row.reasons)
+            count = self._seen.pop(key, 0)
+            self._seen[key] = count + 1
+            if count:
+                repeats += 1
+            else:
+                new_rows.append(row)
+        while len(self._seen) > MAX_TRACKED_KEYS:
+            self._seen.popitem(last=False)
+        return new_rows, repeats

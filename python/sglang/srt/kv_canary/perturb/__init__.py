@@ -2,11 +2,15 @@
 
 Off by default; enabled per kind by ``SGLANG_KV_CANARY_PERTURB_*_PROB``. Faults are drawn with a
 seeded generator (``SGLANG_KV_CANARY_PERTURB_SEED``), only after
-``SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS`` forward steps, on the host before the forward and
-outside any CUDA graph. Choices use the batch's CPU-side lengths; the device tensors are indexed
-with device tensors, so injecting never synchronizes with the device. Each fault is undone right
-after its forward (stream-ordered), so it is a transient corruption of exactly one forward: the
-allocator, the radix cache and SGLang's idle memory checks stay consistent. (An ``input_ids``
-fault restores the batch's tensor; what the model stored from the wrong token stays: that is
-the fault the token checks must see.)
+``SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS`` forward steps, on the host and outside any CUDA graph.
+Choices use the batch's CPU-side lengths; device tensors are indexed with device tensors, so
+injecting never synchronizes with the device.
+
+Transient faults (``req_to_token``, ``real_kv_used``, ``input_ids``, ``seq_lens``) are injected
+before the forward and undone right after it (stream-ordered): a corruption of exactly one
+forward, and the allocator, the radix cache and SGLang's idle memory checks stay consistent. (An
+``input_ids`` fault restores the batch's tensor; what the model stored from the wrong token
+stays: that is the fault the token checks must see.) Persistent faults (``real_kv_post_forward``
+after a forward, ``real_kv_unused_cache`` when a radix sweep pass starts) flip K/V bytes and keep
+them flipped, as a real stray write would.
 """

@@ -1,23 +1,37 @@
-"""Seeded, warmed-up choice of the perturbations of each forward step."""
+"""Seeded, warmed-up choice of the perturbations of each forward step.
+
+Three injection points, all on the host and outside graphs, never synchronizing:
+
+* before the forward (:meth:`FaultInjector.before_forward`): ``req_to_token``,
+  ``real_kv_used``, ``input_ids``, ``seq_lens`` (undone right after the forward);
+* after the forward (:meth:`FaultInjector.after_forward`): ``real_kv_post_forward`` (kept);
+* when a radix sweep pass starts (:meth:`FaultInjector.before_sweep_pass`):
+  ``real_kv_unused_cache`` (kept).
+"""
 
 from __future__ import annotations
 
 import logging
 import random
+from typing import Any
 
-from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
+from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import PerturbConfig
 from sglang.srt.kv_canary.perturb.fault import InjectedFault, Perturbation
 from sglang.srt.kv_canary.perturb.input_ids import InputIdsPerturbation
+from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import live_rows
+from sglang.srt.kv_canary.perturb.real_kv_post_forward import RealKvPostForwardPerturbation
+from sglang.srt.kv_canary.perturb.real_kv_unused_cache import RealKvUnusedCachePerturbation
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
 from sglang.srt.kv_canary.perturb.req_to_token import ReqToTokenPerturbation
+from sglang.srt.kv_canary.perturb.seq_lens import SeqLensPerturbation
 
 logger = logging.getLogger(__name__)
 
 
 class FaultInjector:
-    """Draws, per forward step after the warm-up, whether each perturbation fires.
+    """Draws, per injection point after the warm-up, whether each perturbation fires.
 
     The draws come from one ``random.Random(seed)``: the same sequence of batches gets the same
     faults. Every injected fault is logged at INFO as one ``kv_canary perturb:`` line.
@@ -28,25 +42,50 @@ class FaultInjector:
         *,
         warmup_steps: int,
         seed: int,
-        perturbations: list[tuple[float, Perturbation]],
+        before_forward: list[tuple[float, Perturbation]],
+        after_forward: list[tuple[float, Perturbation]] = (),
+        unused_cache: tuple[float, RealKvUnusedCachePerturbation] | None = None,
     ) -> None:
         self._warmup_steps = warmup_steps
         self._rng = random.Random(seed)
-        self._perturbations = perturbations
+        self._before = list(before_forward)
+        self._after = list(after_forward)
+        self._unused_cache = unused_cache
 
-    def inject(self, *, forward_batch: object, step: int) -> list[InjectedFault]:
-        """Inject this step's faults (host side, before the forward, never syncs).
+    def before_forward(self, *, forward_batch: object, step: int) -> list[InjectedFault]:
+        """Inject this step's faults before the forward.
 
         Args:
             forward_batch: the live (non-idle) batch ``ModelRunner.forward`` received.
-            step: 0-based index of this forward among the forwards that run the canary (the
+            step: 0-based index of this forward among the forwards with request rows (the
                 ``step`` of the violation rows it causes); faults start at ``warmup_steps``.
         Returns:
             The faults, to be undone in reverse order after the forward.
         """
-        if step < self._warmup_steps:
+        return self._inject(self._before, forward_batch=forward_batch, step=step)
+
+    def after_forward(self, *, forward_batch: object, step: int) -> list[InjectedFault]:
+        """Inject this step's after-forward faults (kept: nothing to undo)."""
+        return self._inject(self._after, forward_batch=forward_batch, step=step)
+
+    def before_sweep_pass(self, *, tree_cache: Any, step: int) -> InjectedFault | None:
+        """Maybe corrupt an unused cached slot as a sweep pass starts (kept)."""
+        if self._unused_cache is None or step < self._warmup_steps:
+            return None
+        probability, perturbation = self._unused_cache
+        if self._rng.random() >= probability:
+            return None
+        fault = perturbation.inject_into_cache(tree_cache=tree_cache, rng=self._rng)
+        if fault is not None:
+            logger.info(fault.log_line(step=step))
+        return fault
+
+    def _inject(
+        self, perturbations: list[tuple[float, Perturbation]], *, forward_batch: object, step: int
+    ) -> list[InjectedFault]:
+        if step < self._warmup_steps or not perturbations:
             return []
-        firing = [p for prob, p in self._perturbations if self._rng.random() < prob]
+        firing = [p for prob, p in perturbations if self._rng.random() < prob]
         if not firing:
             return []
         rows = live_rows(forward_batch)
@@ -60,30 +99,45 @@ class FaultInjector:
 
 
 def build_fault_injector(
-    *, config: PerturbConfig, state: CanaryDeviceState, layer0_keys: object, vocab_size: int
+    *, config: PerturbConfig, state: CanaryDeviceState, kv_pool: object, vocab_size: int
 ) -> FaultInjector | None:
-    """The injector of the perturbations this package implements, or None when none is enabled.
+    """The injector of the enabled KV-side perturbations, or None when none is enabled.
 
     ``vocab_size`` is the served model's (input tokens stay valid ids when perturbed).
     """
-    perturbations: list[tuple[float, Perturbation]] = []
+    kv_bytes = (
+        FingerprintedBytes(kv_pool=kv_pool)
+        if config.real_kv_used_prob or config.real_kv_post_forward_prob
+        or config.real_kv_unused_cache_prob
+        else None
+    )
+    before: list[tuple[float, Perturbation]] = []
     if config.req_to_token_prob > 0:
-        perturbations.append(
+        before.append(
             (config.req_to_token_prob, ReqToTokenPerturbation(req_to_token=state.req_to_token))
         )
     if config.real_kv_used_prob > 0:
-        perturbations.append(
-            (
-                config.real_kv_used_prob,
-                RealKvUsedPerturbation(req_to_token=state.req_to_token, layer0_keys=layer0_keys),
-            )
-        )
+        before.append((
+            config.real_kv_used_prob,
+            RealKvUsedPerturbation(req_to_token=state.req_to_token, kv_bytes=kv_bytes),
+        ))
     if config.input_ids_prob > 0:
-        perturbations.append(
-            (config.input_ids_prob, InputIdsPerturbation(vocab_size=vocab_size))
-        )
-    if not perturbations:
+        before.append((config.input_ids_prob, InputIdsPerturbation(vocab_size=vocab_size)))
+    if config.seq_lens_prob > 0:
+        before.append((config.seq_lens_prob, SeqLensPerturbation()))
+    after: list[tuple[float, Perturbation]] = []
+    if config.real_kv_post_forward_prob > 0:
+        after.append((
+            config.real_kv_post_forward_prob, RealKvPostForwardPerturbation(kv_bytes=kv_bytes)
+        ))
+    unused_cache = (
+        (config.real_kv_unused_cache_prob, RealKvUnusedCachePerturbation(kv_bytes=kv_bytes))
+        if config.real_kv_unused_cache_prob > 0
+        else None
+    )
+    if not before and not after and unused_cache is None:
         return None
     return FaultInjector(
-        warmup_steps=config.warmup_steps, seed=config.seed, perturbations=perturbations
+        warmup_steps=config.warmup_steps, seed=config.seed, before_forward=before,
+        after_forward=after, unused_cache=unused_cache,
     )

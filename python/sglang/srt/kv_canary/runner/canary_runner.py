@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from sglang.jit_kernel.kv_canary.batch_view import CanaryBatchView, CanaryDeviceState
+from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryBatchView, CanaryDeviceState
 from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig, get_active_config
 from sglang.srt.kv_canary.hook_registration import verify_hooks_applied
@@ -59,7 +59,7 @@ from sglang.srt.kv_canary.runner.batch_inputs import (
     attach_batch_inputs,
     batch_inputs_of,
 )
-from sglang.srt.kv_canary.runner.device_state import allocate_device_state, layer0_key_buffer
+from sglang.srt.kv_canary.runner.device_state import allocate_device_state, fingerprinted_layers
 from sglang.srt.kv_canary.runner.graph_buffers import GraphRequestIdBuffers
 from sglang.srt.kv_canary.runner.kernel_inputs import build_batch_view, canary_layout
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
@@ -68,18 +68,21 @@ from sglang.srt.kv_canary.runner.memory_budget import (
     FixedBuffers,
     context_columns_bound,
     fixed_buffers,
-    graph_rows_bound,
+    graph_max_bs_bound,
     max_tokens_per_forward,
     per_token_bytes,
     request_rows_bound,
+    seq_lens_mirror_rows,
 )
 from sglang.srt.kv_canary.runner.model_forward import install_model_forward
 from sglang.srt.kv_canary.runner.refusals import (
+    CanaryUnsupportedError,
     refuse_unless_supported,
     unsupported_pools,
     unsupported_server_args,
 )
 from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
+from sglang.srt.kv_canary.runner.sweep import RadixSweep, unsupported_sweep_cache
 from sglang.srt.kv_canary.token_history.history import TokenHistory
 from sglang.srt.kv_canary.token_history.write_expectations import (
     WriteExpectations,
@@ -141,6 +144,9 @@ class CanaryRunner:
         self.request_rows: RequestRows | None = None
         self._injector: FaultInjector | None = None
         self._staging: torch.Tensor | None = None
+        self._host_seq_lens: torch.Tensor | None = None
+        self._sweep: RadixSweep | None = None
+        self._sweep_launches = 0
         self._graph_ids: dict[int, GraphRequestIdBuffers] = {}
         self._captured_launches: dict[tuple[int, int], int] = {}
         self._launches_in_capture: int | None = None
@@ -203,7 +209,8 @@ class CanaryRunner:
             write_expectation_tokens=max_tokens_per_forward(
                 server_args, max_running_requests=server_args.max_running_requests
             ) if write_input else 0,
-            graph_rows=graph_rows_bound(server_args) if self.config.enable_token_oracle else 0,
+            graph_max_bs=graph_max_bs_bound(server_args),
+            graph_request_ids=self.config.enable_token_oracle,
         )
 
     def fixed_bytes_bound(self) -> int:
@@ -234,16 +241,20 @@ class CanaryRunner:
         if config.token_history_enabled:
             self.token_history = TokenHistory(
                 num_rows=rows, max_context_len=columns, device=self._device,
-                scatter=self._kernels.scatter_req_token_ids(),
+                scatter=self._kernels.scatter_req_token_ids,
             )
-            self.request_rows = RequestRows(
-                num_rows=rows, token_history=True, owner_chains=False,
-                pin_memory=self._device.type == "cuda",
+        self.request_rows = RequestRows(
+            num_rows=rows, token_history=self.token_history is not None, owner_chains=True,
+            pin_memory=self._device.type == "cuda",
+        )
+        with torch.inference_mode(False):
+            self._staging = torch.empty(
+                (UPLOAD_STAGING_WORDS,), dtype=torch.int64, device=self._device
             )
-            with torch.inference_mode(False):
-                self._staging = torch.empty(
-                    (UPLOAD_STAGING_WORDS,), dtype=torch.int64, device=self._device
-                )
+            self._host_seq_lens = torch.zeros(
+                (seq_lens_mirror_rows(model_runner.server_args, request_rows=rows),),
+                dtype=torch.int64, device=self._device,
+            )
         if config.enable_write_input_assert:
             if self.oracle is None:
                 raise RuntimeError(
@@ -265,7 +276,7 @@ class CanaryRunner:
         self._injector = build_fault_injector(
             config=config.perturb,
             state=self.state,
-            layer0_keys=layer0_key_buffer(kv_pool),
+            kv_pool=kv_pool,
             vocab_size=model_runner.model_config.vocab_size,
         )
         logger.info(self._installed_line())
@@ -335,7 +346,9 @@ class CanaryRunner:
         if self.state is None:
             return
         self.state.counters.zero_()
+        self.state.owner_chains.zero_()
         self._launches = 0
+        self._sweep_launches = 0
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         self.monitor.discard_pending()
@@ -373,7 +386,9 @@ class CanaryRunner:
         row_updates: RowUpdates | None = None
         if self.request_rows is not None and rows > 0 and mode in (*_EXTEND_MODES, ForwardMode.DECODE):
             row_updates = self.request_rows.prepare(
-                reqs=reqs, prefix_lens=_prefix_lens_of(forward_batch)
+                reqs=reqs,
+                prefix_lens=_prefix_lens_of(forward_batch),
+                seq_lens=forward_batch.seq_lens_cpu.tolist(),
             )
         if self.write_expectations is not None and mode in _EXTEND_MODES:
             pin = self._device.type == "cuda"
@@ -457,8 +472,14 @@ class CanaryRunner:
                 f"{forward_batch.batch_size} rows) ran the canary launches {ran} times, "
                 f"expected {int(live)}. Corruption would go unreported."
             )
-        self._steps += int(live)
-        monitor.after_forward(steps=self._steps, launches=self._launches)
+        if live:
+            if self._injector is not None:
+                self._injector.after_forward(forward_batch=forward_batch, step=self._steps)
+            self._steps += 1
+            self._sweep_after_forward()
+        monitor.after_forward(
+            steps=self._steps, launches=self._launches, sweep_launches=self._sweep_launches
+        )
         return result
 
     def on_decode_replay(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
@@ -472,6 +493,32 @@ class CanaryRunner:
     def on_draft_replay(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
         """An EAGLE draft graph is about to replay: refresh its request ids."""
         self._fill_graph_ids(graph_runner=graph_runner, forward_batch=forward_batch)
+
+    def attach_radix_cache(self, tree_cache: Any) -> None:
+        """The scheduler built its prefix cache: with the sweep on, walk it.
+
+        Raises:
+            CanaryUnsupportedError: the sweep is on but the cache is not SGLang's RadixCache.
+        """
+        if self.config.sweep_interval == 0 or self.state is None:
+            return
+        reason = unsupported_sweep_cache(tree_cache)
+        if reason is not None:
+            raise CanaryUnsupportedError([reason])
+        self._sweep = RadixSweep(
+            tree_cache=tree_cache, state=self.state, launch=self._kernels.sweep,
+            interval=self.config.sweep_interval,
+        )
+
+    def _sweep_after_forward(self) -> None:
+        sweep = self._sweep
+        if sweep is None:
+            return
+        if sweep.pass_starts_at(self._steps) and self._injector is not None:
+            self._injector.before_sweep_pass(tree_cache=sweep.tree_cache, step=self._steps)
+        before = sweep.launches
+        sweep.after_forward(step=self._steps)
+        self._sweep_launches += sweep.launches - before
 
     def on_idle(self) -> None:
         """The scheduler is idle: report the last forwards' violations now."""
@@ -491,9 +538,10 @@ class CanaryRunner:
         if layout is None:
             return None
         view = build_batch_view(
-            forward_batch, layout=layout, checks=self._token_check_fields(forward_batch)
+            forward_batch, layout=layout, checks=self._token_check_fields(forward_batch),
+            host_seq_lens=self._host_seq_lens,
         )
-        self._kernels.pre_forward_verify(state=self.state, batch=view)
+        self._kernels.pre_forward(state=self.state, batch=view)
         if _capturing(self._device):
             if self._launches_in_capture is not None:
                 self._launches_in_capture += 1
@@ -503,7 +551,7 @@ class CanaryRunner:
 
     def launch_after_model(self, view: CanaryBatchView) -> None:
         """Launch the post-forward kernel on the view the pre launch used."""
-        self._kernels.post_forward_write_and_verify(state=self.state, batch=view)
+        self._kernels.post_forward(state=self.state, batch=view)
 
     # ================================================================= oracle
 
@@ -549,9 +597,17 @@ class CanaryRunner:
             )
         staging = self._staging[:words]
         staging.copy_(updates.packed, non_blocking=True)
-        history, owners = updates.sections_on(staging)
+        seq_lens, history, owners = updates.sections_on(staging)
+        rows = seq_lens.values.shape[0]
+        if rows > self._host_seq_lens.shape[0]:  # an eager batch larger than any graph's
+            self._host_seq_lens = torch.zeros(
+                (1 << (rows - 1).bit_length(),), dtype=torch.int64, device=self._device
+            )
+        self._host_seq_lens[:rows].copy_(seq_lens.values)
         if history is not None:
             self.token_history.upload(history)
+        if owners is not None and owners.rows.shape[0] > 0:
+            self.state.owner_chains.index_copy_(0, owners.rows, owners.values)
         self.request_rows.commit(updates)
 
     def _token_check_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
@@ -559,8 +615,8 @@ class CanaryRunner:
         if self.token_history is None:
             return {}
         fields: dict[str, Any] = {
-            "expected_token_pool": self.token_history.tokens,
-            "expected_token_valid_lens": self.token_history.lens,
+            "token_history": self.token_history.tokens,
+            "token_history_lens": self.token_history.lens,
             "verify_token": self.config.enable_verify_token_assert,
         }
         if self.write_expectations is None or not write_input_assert_applies(forward_batch):
@@ -618,11 +674,14 @@ class CanaryRunner:
     def _installed_line(self) -> str:
         state = self.state
         buffers = self.fixed_buffers(page_size=self._model_runner.token_to_kv_pool.page_size)
-        real_data = (
-            "off"
-            if state.real_kv_words is None
-            else f"{self.config.real_data.value} (layer-0 K, {state.real_kv_num_words * 8} B/slot)"
-        )
+        real_data = "off"
+        if state.real_data is not None:
+            layers = fingerprinted_layers(self._model_runner.token_to_kv_pool)
+            real_data = (
+                f"{self.config.real_data.value} (K and V of layer"
+                f"{'s' if len(layers) > 1 else ''} {' and '.join(map(str, layers))}, "
+                f"{len(state.real_data.sources)} rows per slot)"
+            )
         token_checks = "token checks off"
         if self.token_history is not None:
             tokens = self.token_history.tokens

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang.jit_kernel.kv_canary.batch_view import BatchLayout, CanaryBatchView
+import torch
+
+from sglang.jit_kernel.kv_canary.kernel_inputs import BatchLayout, CanaryBatchView
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 _LAYOUTS: dict[ForwardMode, BatchLayout | None] = {
@@ -42,11 +44,18 @@ def canary_layout(forward_mode: ForwardMode) -> BatchLayout | None:
 
 
 def build_batch_view(
-    forward_batch: ForwardBatch, *, layout: BatchLayout, checks: dict[str, Any]
+    forward_batch: ForwardBatch,
+    *,
+    layout: BatchLayout,
+    checks: dict[str, Any],
+    host_seq_lens: torch.Tensor | None,
 ) -> CanaryBatchView:
     """The canary's view of one non-IDLE forward.
 
     ``checks`` are the token-check fields (token history, write-input expectations).
+    ``host_seq_lens`` is the persistent device buffer the scheduler's ``seq_lens_cpu`` is
+    uploaded into before every forward (its first rows are the view's; None: no seq_lens
+    invariant). A persistent buffer, so a captured graph's view reads each replay's values.
 
     Rows with ``req_pool_indices == 0`` (CUDA-graph or DP-attention padding) are skipped by the
     kernels. For EXTEND-family batches the row count is taken from ``extend_prefix_lens``: DP
@@ -54,6 +63,7 @@ def build_batch_view(
     lengths or start offsets, and the padded rows carry no tokens.
     """
     if layout is BatchLayout.DECODE:
+        rows = forward_batch.req_pool_indices.shape[0]
         return CanaryBatchView(
             layout=layout,
             req_pool_indices=forward_batch.req_pool_indices,
@@ -64,6 +74,7 @@ def build_batch_view(
             input_ids=forward_batch.input_ids,
             positions=forward_batch.positions,
             out_cache_loc=forward_batch.out_cache_loc,
+            host_seq_lens=None if host_seq_lens is None else host_seq_lens[:rows],
             **checks,
         )
     rows = forward_batch.extend_prefix_lens.shape[0]
@@ -77,5 +88,6 @@ def build_batch_view(
         input_ids=forward_batch.input_ids,
         positions=forward_batch.positions,
         out_cache_loc=forward_batch.out_cache_loc,
+        host_seq_lens=None if host_seq_lens is None else host_seq_lens[:rows],
         **checks,
     )

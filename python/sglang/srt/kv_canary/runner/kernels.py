@@ -1,10 +1,8 @@
-"""Which implementation of the canary's kernels the runtime calls.
+"""Which implementation of the canary's kernels a runner calls.
 
-The server always uses the Triton kernels (``sglang.jit_kernel.kv_canary.canary_kernels`` and,
-with the token checks, ``scatter_req_token_ids``). The plain-torch references (same keyword
-signatures, bit-identical results) drive the CPU self-check and the CPU tests; the Triton kernels
-also run on a CPU under ``TRITON_INTERPRET=1``. The scatter module is imported only when the
-token checks need it.
+A server always uses the Triton kernels (``sglang.jit_kernel.kv_canary.<op>``). The plain-torch
+references (``<op>_ref``: same keyword signatures, identical results) drive the CPU self-check
+and the CPU tests; the Triton kernels also run on a CPU under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -14,17 +12,18 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+_PACKAGE = "sglang.jit_kernel.kv_canary"
+
 
 class KernelBackend(enum.Enum):
     TRITON = "triton"
     TORCH_REFERENCE = "reference"
 
+    def module(self, operation: str) -> str:
+        suffix = "_ref" if self is KernelBackend.TORCH_REFERENCE else ""
+        return f"{_PACKAGE}.{operation}{suffix}"
 
-_MODULES: dict[KernelBackend, str] = {
-    KernelBackend.TRITON: "sglang.jit_kernel.kv_canary.canary_kernels",
-    KernelBackend.TORCH_REFERENCE: "sglang.jit_kernel.kv_canary.canary_kernels_ref",
-}
-_SCATTER_MODULE = "sglang.jit_kernel.kv_canary.scatter_req_token_ids"
+
 _SCATTER_FUNCTIONS: dict[KernelBackend, str] = {
     KernelBackend.TRITON: "launch_scatter_req_token_ids_kernel",
     KernelBackend.TORCH_REFERENCE: "scatter_req_token_ids_torch_reference",
@@ -33,28 +32,30 @@ _SCATTER_FUNCTIONS: dict[KernelBackend, str] = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CanaryKernels:
-    """The two launches of one forward; both take ``(*, state, batch)`` and return None.
+    """The launches of one backend.
 
-    ``pre_forward_verify`` runs before the model forward; ``post_forward_write_and_verify``
-    after it. Both are CUDA-graph capturable (no host sync, no allocation).
+    ``pre_forward`` / ``post_forward`` take ``(*, state, batch)`` and run before / after the
+    model forward (CUDA-graph capturable: no host sync, no allocation); ``sweep`` takes
+    ``(*, state, entries)``; ``scatter_req_token_ids`` is the token-history scatter (keyword
+    contract of ``launch_scatter_req_token_ids_kernel``). The last two run outside graphs.
     """
 
     backend: KernelBackend
-    pre_forward_verify: Callable[..., None]
-    post_forward_write_and_verify: Callable[..., None]
-
-    def scatter_req_token_ids(self) -> Callable[..., None]:
-        """The token-history scatter of this backend (keyword contract of
-        ``launch_scatter_req_token_ids_kernel``); runs outside graphs, before the forward."""
-        module = importlib.import_module(_SCATTER_MODULE)
-        return getattr(module, _SCATTER_FUNCTIONS[self.backend])
+    pre_forward: Callable[..., None]
+    post_forward: Callable[..., None]
+    sweep: Callable[..., None]
+    scatter_req_token_ids: Callable[..., None]
 
 
 def load_kernels(backend: KernelBackend) -> CanaryKernels:
-    """Import the module of ``backend`` and return its two launch functions."""
-    module = importlib.import_module(_MODULES[backend])
+    """Import the modules of ``backend`` and return its launches."""
+    forward = importlib.import_module(backend.module("canary_forward"))
+    sweep = importlib.import_module(backend.module("sweep"))
+    scatter = importlib.import_module(backend.module("scatter_req_token_ids"))
     return CanaryKernels(
         backend=backend,
-        pre_forward_verify=module.launch_pre_forward_verify,
-        post_forward_write_and_verify=module.launch_post_forward_write_and_verify,
+        pre_forward=forward.launch_pre_forward,
+        post_forward=forward.launch_post_forward,
+        sweep=sweep.launch_sweep,
+        scatter_req_token_ids=getattr(scatter, _SCATTER_FUNCTIONS[backend]),
     )

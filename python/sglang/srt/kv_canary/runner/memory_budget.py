@@ -38,6 +38,7 @@ class FixedBuffers:
     ring: int
     counters: int
     owner_chains: int  # int64 per req_to_token row
+    seq_lens_mirror: int  # int64 per batch row: the scheduler's seq_lens, uploaded per forward
     upload_staging: int
     token_history: int  # int32 [rows, columns] + int64 [rows]; 0 with both token checks off
     write_expectations: int  # int64 token + position per token; 0 without the write-input assert
@@ -68,10 +69,11 @@ def fixed_buffers(
     context_columns: int,
     token_history: bool,
     write_expectation_tokens: int,
-    graph_rows: int,
+    graph_max_bs: int,
+    graph_request_ids: bool,
 ) -> FixedBuffers:
-    """The fixed buffers for these sizes (``write_expectation_tokens`` / ``graph_rows`` 0 when
-    the write-input assert / the oracle's graph buffers are off)."""
+    """The fixed buffers for these sizes (``write_expectation_tokens`` 0 without the
+    write-input assert; ``graph_request_ids`` with the oracle's graph-resident ids)."""
     history = (
         request_rows * context_columns * _INT32_BYTES + request_rows * _INT64_BYTES
         if token_history
@@ -82,10 +84,12 @@ def fixed_buffers(
         ring=ring_capacity * RING_ROW_FIELDS * _INT64_BYTES,
         counters=NUM_COUNTERS * _INT64_BYTES,
         owner_chains=request_rows * _INT64_BYTES,
+        seq_lens_mirror=seq_lens_mirror_rows_for(request_rows=request_rows,
+                                                 graph_max_bs=graph_max_bs) * _INT64_BYTES,
         upload_staging=UPLOAD_STAGING_WORDS * _INT64_BYTES,
         token_history=history,
         write_expectations=2 * write_expectation_tokens * _INT64_BYTES,
-        graph_request_ids=2 * graph_rows * _INT64_BYTES,
+        graph_request_ids=2 * graph_max_bs * _INT64_BYTES if graph_request_ids else 0,
     )
 
 
@@ -117,6 +121,18 @@ def max_tokens_per_forward(server_args: Any, *, max_running_requests: int | None
     return max((c for c in candidates if isinstance(c, int) and c > 0), default=1)
 
 
-def graph_rows_bound(server_args: Any) -> int:
-    """Rows of the graph-resident request-id buffers of one graph runner (its largest batch)."""
+def seq_lens_mirror_rows_for(*, request_rows: int, graph_max_bs: int) -> int:
+    """Rows of the seq_lens mirror: any batch (a batch has at most one row per request row; a
+    replayed graph at most its capture size)."""
+    return max(request_rows, graph_max_bs)
+
+
+def seq_lens_mirror_rows(server_args: Any, *, request_rows: int) -> int:
+    """:func:`seq_lens_mirror_rows_for` of a server."""
+    return seq_lens_mirror_rows_for(request_rows=request_rows,
+                                    graph_max_bs=graph_max_bs_bound(server_args))
+
+
+def graph_max_bs_bound(server_args: Any) -> int:
+    """The largest batch a decode CUDA graph is captured for (0 without graphs)."""
     return server_args.cuda_graph_max_bs or 0

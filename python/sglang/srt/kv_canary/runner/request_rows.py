@@ -1,7 +1,9 @@
 """Host bookkeeping of ``req_to_token`` rows: which request owns each row, and what the device
 already knows about it.
 
-Two device-side facts are kept per request row and refreshed from the host before a forward:
+Per forward the host uploads the scheduler's ``seq_lens`` mirror of each batch row (the
+seq_lens invariant compares it with the device ``seq_lens`` the forward uses), and two
+device-side facts are kept per request row and refreshed:
 
 * the **token history** (verify-token, write-input assert): the request's
   ``origin_input_ids + output_ids``; only the tokens the device pool lacks are sent;
@@ -80,10 +82,18 @@ class OwnerSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SeqLensSection:
+    """The scheduler's host mirror of each row's ``seq_lens`` (the seq_lens invariant)."""
+
+    values: torch.Tensor  # int64 [bs]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RowUpdates:
     """Everything one forward uploads, packed in ``packed`` (one host-to-device copy)."""
 
     packed: torch.Tensor  # int64, CPU (pinned on CUDA machines)
+    seq_lens: SeqLensSection
     token_history: TokenHistorySection | None
     owners: OwnerSection | None
     commit_rows: tuple[int, ...]
@@ -92,7 +102,7 @@ class RowUpdates:
     unknown_owner_rows: int  # rows whose owner chain the host could not compute
 
     def sections_on(self, device_packed: torch.Tensor) -> tuple[
-        TokenHistorySection | None, OwnerSection | None
+        SeqLensSection, TokenHistorySection | None, OwnerSection | None
     ]:
         """The same sections as views of ``device_packed`` (the uploaded copy of ``packed``)."""
         def view(section: Any) -> Any:
@@ -105,7 +115,7 @@ class RowUpdates:
                 fields[name] = device_packed[start : start + host.shape[0]]
             return type(section)(**fields)
 
-        return view(self.token_history), view(self.owners)
+        return view(self.seq_lens), view(self.token_history), view(self.owners)
 
 
 class RequestRows:
@@ -139,18 +149,26 @@ class RequestRows:
         self._row_synced_len: list[int] = [0] * num_rows
 
     def prepare(
-        self, *, reqs: Sequence[RequestHistory], prefix_lens: Sequence[int]
+        self,
+        *,
+        reqs: Sequence[RequestHistory],
+        prefix_lens: Sequence[int],
+        seq_lens: Sequence[int],
     ) -> RowUpdates:
         """Pack what one forward over ``reqs`` must upload (host only, never touches a device).
 
         Args:
             reqs: the forward's requests, one per batch row (``ModelWorkerBatch.reqs``).
             prefix_lens: tokens already in the KV cache for each row before this forward.
+            seq_lens: the scheduler's host ``seq_lens`` of each row (``seq_lens_cpu``).
         Raises:
             ValueError: a request has no ``req_pool_idx``, or the lengths differ.
         """
-        if len(prefix_lens) != len(reqs):
-            raise ValueError(f"{len(reqs)} requests but {len(prefix_lens)} prefix lengths")
+        if not len(prefix_lens) == len(seq_lens) == len(reqs):
+            raise ValueError(
+                f"{len(reqs)} requests but {len(prefix_lens)} prefix lengths and "
+                f"{len(seq_lens)} seq_lens"
+            )
         rows: list[int] = []
         owners: list[_OwnerKey] = []
         history_lens: list[int] = []
@@ -188,6 +206,7 @@ class RequestRows:
                     owner_values.append(_owner_chain(origin, output, prefix_len))
         return _pack(
             pin_memory=self._pin_memory,
+            seq_lens=seq_lens,
             history=(rows, history_lens, segment_lens, history_tokens)
             if self.keeps_token_history
             else None,
@@ -233,6 +252,7 @@ def _owner_chain(origin: list[int], output: list[int], prefix_len: int) -> int:
 def _pack(
     *,
     pin_memory: bool,
+    seq_lens: Sequence[int],
     history: tuple[list[int], list[int], list[int], list[int]] | None,
     owners: tuple[list[int], list[int]] | None,
     commit_rows: tuple[int, ...],
@@ -240,30 +260,34 @@ def _pack(
     commit_history_lens: tuple[int, ...],
     unknown_owner_rows: int,
 ) -> RowUpdates:
+    rows_in_batch = len(seq_lens)
     bs = len(history[0]) if history is not None else 0
     num_tokens = len(history[3]) if history is not None else 0
     history_words = 3 * bs + 1 + num_tokens if history is not None else 0
     num_owner_rows = len(owners[0]) if owners is not None else 0
-    packed = torch.empty(history_words + 2 * num_owner_rows, dtype=torch.int64,
+    packed = torch.empty(rows_in_batch + history_words + 2 * num_owner_rows, dtype=torch.int64,
                          pin_memory=pin_memory)
     array = packed.numpy()
+    array[:rows_in_batch] = seq_lens
+    seq_lens_section = SeqLensSection(values=packed[:rows_in_batch])
     history_section = owner_section = None
     if history is not None:
+        start = rows_in_batch
         rows, history_lens, segment_lens, tokens = history
-        array[:bs] = rows
-        array[bs : 2 * bs] = history_lens
-        array[2 * bs] = 0
-        np.cumsum(segment_lens, out=array[2 * bs + 1 : 3 * bs + 1])
-        array[3 * bs + 1 : history_words] = tokens
+        array[start : start + bs] = rows
+        array[start + bs : start + 2 * bs] = history_lens
+        array[start + 2 * bs] = 0
+        np.cumsum(segment_lens, out=array[start + 2 * bs + 1 : start + 3 * bs + 1])
+        array[start + 3 * bs + 1 : start + history_words] = tokens
         history_section = TokenHistorySection(
-            req_pool_indices=packed[:bs],
-            req_all_ids_lens=packed[bs : 2 * bs],
-            offsets=packed[2 * bs : 3 * bs + 1],
-            req_all_ids_flat=packed[3 * bs + 1 : history_words],
+            req_pool_indices=packed[start : start + bs],
+            req_all_ids_lens=packed[start + bs : start + 2 * bs],
+            offsets=packed[start + 2 * bs : start + 3 * bs + 1],
+            req_all_ids_flat=packed[start + 3 * bs + 1 : start + history_words],
         )
     if owners is not None:
         owner_rows, owner_values = owners
-        start = history_words
+        start = rows_in_batch + history_words
         array[start : start + num_owner_rows] = owner_rows
         array[start + num_owner_rows :] = owner_values
         owner_section = OwnerSection(
@@ -272,6 +296,7 @@ def _pack(
         )
     return RowUpdates(
         packed=packed,
+        seq_lens=seq_lens_section,
         token_history=history_section,
         owners=owner_section,
         commit_rows=commit_rows,

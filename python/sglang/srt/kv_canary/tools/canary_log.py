@@ -5,6 +5,7 @@ Three kinds of lines are recognized wherever they sit in a line (SGLang prefixes
 
 * start-up: ``KV canary enabled: mode=log real_data=none ...`` (one per scheduler process);
 * stats: ``KV canary stats: ...`` (``key=value`` pairs or phrases such as ``1234 tokens``);
+* health: ``kv_canary health ok: ...`` (a passed health check);
 * violations: ``kv_canary violation: key=value ...`` (one line per violation row).
 
 Any other line that names the canary as a word (not inside a path or a module name) is kept as
@@ -23,6 +24,7 @@ from types import MappingProxyType
 _STARTUP = re.compile(r"kv[ _]canary enabled\s*:", re.IGNORECASE)
 _STATS = re.compile(r"kv[ _]canary stats\b[^:\n]*:", re.IGNORECASE)
 _VIOLATION = re.compile(r"kv[ _]canary violation\b[^:\n]*:", re.IGNORECASE)
+_HEALTH_OK = re.compile(r"kv[ _]canary health ok\s*:", re.IGNORECASE)
 _MENTION = re.compile(r"kv[ _]canary", re.IGNORECASE)
 # A mention as a word: not inside a path, module name or variable name (those show up in
 # SGLang's own lines, e.g. its server_args line, and say nothing about the canary).
@@ -58,6 +60,7 @@ class CanaryLogLine:
 class CanaryLogSummary:
     startup: tuple[CanaryLogLine, ...]
     stats: tuple[CanaryLogLine, ...]
+    health_ok: tuple[CanaryLogLine, ...]
     violations: tuple[CanaryLogLine, ...]
     notices: tuple[str, ...]
 
@@ -82,12 +85,14 @@ def parse_canary_log(text: str) -> CanaryLogSummary:
     """Classify every canary line of a server log (see the module docstring)."""
     startup: list[CanaryLogLine] = []
     stats: list[CanaryLogLine] = []
+    health_ok: list[CanaryLogLine] = []
     violations: list[CanaryLogLine] = []
     notices: list[str] = []
     for line in text.splitlines():
         if not _MENTION.search(line):
             continue
-        for pattern, found in ((_VIOLATION, violations), (_STATS, stats), (_STARTUP, startup)):
+        for pattern, found in ((_VIOLATION, violations), (_STATS, stats),
+                               (_HEALTH_OK, health_ok), (_STARTUP, startup)):
             marker = pattern.search(line)
             if marker is not None:
                 found.append(_parse_line(line, marker))
@@ -96,4 +101,5 @@ def parse_canary_log(text: str) -> CanaryLogSummary:
             if _WORD_MENTION.search(line) and not _LOADER_BOOKKEEPING.search(line):
                 notices.append(line)
     return CanaryLogSummary(startup=tuple(startup), stats=tuple(stats),
-                            violations=tuple(violations), notices=tuple(notices))
+                            health_ok=tuple(health_ok), violations=tuple(violations),
+                            notices=tuple(notices))

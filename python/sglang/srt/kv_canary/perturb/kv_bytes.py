@@ -1,0 +1,47 @@
+"""Flipping one fingerprinted K/V byte of a slot (the real-data perturbations share this).
+
+The flipped byte lies in one of the fingerprinted rows (K or V of the first or the last layer,
+chosen by the caller's seeded generator) at the slot's rotating 16-byte offset, so
+``SGLANG_KV_CANARY_REAL_DATA=partial`` covers it as well as ``all``. The slot is a device tensor
+and the offset is computed on the device: flipping never synchronizes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from sglang.srt.kv_canary.runner.device_state import (
+    PARTIAL_BYTES_PER_SOURCE,
+    fingerprinted_buffers,
+)
+
+FLIP_MASK = 0xFF
+
+
+class FingerprintedBytes:
+    """Byte views of a pool's fingerprinted K/V rows."""
+
+    def __init__(self, *, kv_pool: object) -> None:
+        self._rows: list[tuple[str, torch.Tensor]] = []
+        for name, buffer in fingerprinted_buffers(kv_pool):
+            if not buffer.is_contiguous():
+                raise ValueError(f"the real-data perturbations need a contiguous {name} buffer")
+            self._rows.append((name.replace(" ", "_"), buffer.view(buffer.shape[0], -1).view(torch.uint8)))
+
+    def flip(self, *, slot: torch.Tensor, rng: random.Random) -> tuple[str, Callable[[], None]]:
+        """XOR :data:`FLIP_MASK` into one fingerprinted byte of ``slot`` (int ``[1]`` device
+        tensor); returns the buffer's name and the undo (the same flip again)."""
+        name, row_bytes = rng.choice(self._rows)
+        windows = max(row_bytes.shape[1] // PARTIAL_BYTES_PER_SOURCE, 1)
+        slot = slot.to(torch.int64)
+        byte_index = slot * row_bytes.shape[1] + (slot % windows) * PARTIAL_BYTES_PER_SOURCE
+        flat = row_bytes.view(-1)
+
+        def flip() -> None:
+            flat.index_copy_(0, byte_index, flat.index_select(0, byte_index) ^ FLIP_MASK)
+
+        flip()
+        return name, flip
