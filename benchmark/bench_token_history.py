@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (
-    launch_scatter_req_token_ids_kernel,
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req_token_ids_kernel
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (
     scatter_req_token_ids_torch_reference,
 )
 from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (

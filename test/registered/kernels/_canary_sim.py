@@ -1,16 +1,17 @@
-"""Test support for the canary kernels (not a test module).
+"""Test support for the canary launches (not a test module).
 
-- :func:`canary_impl` returns the launch module of an implementation ("reference" = the torch
-  reference, "triton" = the Triton kernels). Without CUDA the Triton kernels run in Triton's
-  interpreter: ``TRITON_INTERPRET=1`` is set here before they are imported (and they are
-  re-imported if an earlier import compiled them).
+- :func:`canary_impl` / :func:`sweep_impl` return the launch module of an implementation
+  ("reference" = the torch reference, "triton" = the Triton kernels). Without CUDA the Triton
+  kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` is set here before they are
+  imported (and they are re-imported if an earlier import compiled them).
 - :class:`KvSim` is a paged KV cache with canary state (``req_to_token``, records, ring,
-  counters, a real K buffer), an allocator that hands out pages, radix-style prefix sharing,
-  and builders of DECODE / EXTEND batch views; :meth:`KvSim.forward` runs one forward: pre
-  launch, the "model" writing K rows of the new slots, post launch.
-- :func:`expected_history_records` computes records of a history with the scalar hashing only,
-  independently of both implementations.
-- :func:`state_difference` compares two states exactly (rings as sorted multisets).
+  counters, owner chains, real K/V buffers of a first and a last layer), an allocator handing out
+  pages, radix-style prefix sharing, and builders of DECODE / EXTEND batch views;
+  :meth:`KvSim.forward` runs one forward: pre launch, the "model" writing K/V of the new slots,
+  post launch.
+- :func:`history_records` computes (token, position, chain) of a history with the scalar hashing
+  only, independently of both implementations.
+- :func:`state_difference` compares two states exactly (rings as multisets).
 """
 
 from __future__ import annotations
@@ -27,20 +28,32 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from sglang.jit_kernel.kv_canary.batch_view import BatchLayout, CanaryBatchView, CanaryDeviceState
 from sglang.jit_kernel.kv_canary.consts import (
-    CHAIN_ANCHOR,
+    COUNTER_CONSUMED,
     COUNTER_VIOLATIONS,
     NUM_COUNTERS,
     RECORD_FIELDS,
     RING_ROW_FIELDS,
+    unpack_position,
+    unpack_token,
 )
-from sglang.jit_kernel.kv_canary.hashing import chain_term_scalar, to_signed_i64
+from sglang.jit_kernel.kv_canary.hashing import (
+    chain_after_scalar,
+    chain_term_scalar,
+    slot_fingerprint_scalar,
+    to_signed_i64,
+)
+from sglang.jit_kernel.kv_canary.kernel_inputs import (
+    BatchLayout,
+    CanaryBatchView,
+    CanaryDeviceState,
+    RealDataSources,
+)
 
 CUDA = torch.cuda.is_available()
 
 # Implementations x devices, for pytest.mark.parametrize("impl, device", IMPLS).
-IMPLS = [
+IMPLS_ALL = [
     pytest.param("reference", "cpu", id="reference-cpu"),
     pytest.param(
         "triton",
@@ -53,6 +66,8 @@ IMPLS = [
     pytest.param("reference", "cuda", id="reference-cuda", marks=pytest.mark.gpu),
     pytest.param("triton", "cuda", id="triton-cuda", marks=pytest.mark.gpu),
 ]
+IMPLS = IMPLS_ALL[::2]  # the Triton kernels are not written yet
+
 # The Triton kernels on whatever this machine runs them on (differential tests).
 TRITON_DEVICES = [
     pytest.param(
@@ -63,49 +78,60 @@ TRITON_DEVICES = [
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
 
-_KERNEL_MODULES = (
-    "sglang.jit_kernel.kv_canary.triton_hashing",
-    "sglang.jit_kernel.kv_canary.canary_kernels",
+_PACKAGE = "sglang.jit_kernel.kv_canary"
+# Kernel modules in import order (helpers first): reloaded together under the interpreter.
+TRITON_MODULES = (
+    f"{_PACKAGE}.triton_helpers",
+    f"{_PACKAGE}.canary_forward",
+    f"{_PACKAGE}.sweep",
 )
 
 
-def import_triton_modules() -> tuple[ModuleType, ModuleType]:
-    """(triton_hashing, canary_kernels), interpreted when this machine has no CUDA."""
+def import_triton_modules() -> dict[str, ModuleType]:
+    """The Triton kernel modules by short name, interpreted when this machine has no CUDA."""
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
         from triton.runtime.interpreter import InterpretedFunction
 
-        kernels = sys.modules.get(_KERNEL_MODULES[1])
-        if kernels is not None and not isinstance(
-            kernels._pre_forward_verify_kernel, InterpretedFunction
-        ):
-            for name in _KERNEL_MODULES:
-                importlib.reload(sys.modules[name])
-    return tuple(importlib.import_module(name) for name in _KERNEL_MODULES)  # type: ignore
+        helpers = sys.modules.get(TRITON_MODULES[0])
+        if helpers is not None and not isinstance(helpers.mix64, InterpretedFunction):
+            for name in TRITON_MODULES:
+                if name in sys.modules:
+                    importlib.reload(sys.modules[name])
+    return {name.rsplit(".", 1)[1]: importlib.import_module(name) for name in TRITON_MODULES}
 
 
 def canary_impl(impl: str) -> ModuleType:
+    """Module with ``launch_pre_forward`` / ``launch_post_forward`` of ``impl``."""
     if impl == "reference":
-        return importlib.import_module("sglang.jit_kernel.kv_canary.canary_kernels_ref")
-    return import_triton_modules()[1]
+        return importlib.import_module(f"{_PACKAGE}.canary_forward_ref")
+    return import_triton_modules()["canary_forward"]
 
 
-def reference_module() -> ModuleType:
-    return canary_impl("reference")
+def sweep_impl(impl: str) -> ModuleType:
+    """Module with ``launch_sweep`` of ``impl``."""
+    if impl == "reference":
+        return importlib.import_module(f"{_PACKAGE}.sweep_ref")
+    return import_triton_modules()["sweep"]
 
 
 # ----------------------------------------------------------------------------- oracle
 
 
-def expected_history_records(tokens: list[int], start: int = 0) -> list[tuple[int, int, int]]:
+def history_records(tokens: Sequence[int], start: int = 0) -> list[tuple[int, int, int]]:
     """(token, position, chain) of positions ``start..`` of a history, from scalar hashing."""
     records = []
-    chain = CHAIN_ANCHOR
+    chain = chain_after_scalar(tokens=[])
     for position, token in enumerate(tokens):
         if position >= start:
             records.append((token, position, chain))
         chain = to_signed_i64(chain + chain_term_scalar(token, position))
     return records
+
+
+def chain_at(tokens: Sequence[int], position: int) -> int:
+    """The chain value of ``position`` in a history (``chain_after`` of the tokens before it)."""
+    return chain_after_scalar(tokens=list(tokens[:position]))
 
 
 # ----------------------------------------------------------------------------- simulated pool
@@ -124,6 +150,16 @@ class Violation(NamedTuple):
     stored_chain: int
     expected_chain: int
     step: int
+
+
+class Record(NamedTuple):
+    """A decoded record."""
+
+    token: int
+    position: int
+    chain: int
+    fingerprint: int
+    stamp: int
 
 
 @dataclass
@@ -151,12 +187,17 @@ class _Entry:
     slots: list[int]
 
 
+# Words per row of the real-data sources: K and V of the first layer, K and V of the last.
+SOURCE_WORDS = (4, 6, 4, 2)
+REAL_DATA_MODES = ("none", "partial", "all")
+
+
 class KvSim:
     """A paged KV cache with canary state on one device (see module docstring).
 
-    Page 0 is reserved (slot 0 is the padding slot). ``words_per_row`` int64 words of real K
-    per slot live in a bf16 buffer ``[num_slots, 2 * heads, words_per_row * 4 / heads]`` whose
-    first half of heads is the layer-0 K view the canary fingerprints, so rows are strided.
+    Page 0 is reserved (slot 0 is the padding slot). Each real-data source is a view of a bf16
+    buffer ``[num_slots, 2 * heads, per_head]`` whose first half of heads is what the canary
+    folds, so source rows are strided.
     """
 
     def __init__(
@@ -167,24 +208,29 @@ class KvSim:
         num_pages: int = 64,
         req_rows: int = 8,
         max_context_len: int = 64,
-        words_per_row: int = 4,
-        real_kv_num_words: int = 0,
+        real_data: str = "none",
+        num_sources: int = 2,
         ring_capacity: int = 256,
         seed: int = 0,
     ) -> None:
+        assert real_data in REAL_DATA_MODES
         self.device = torch.device(device)
         self.page_size = page_size
         self.num_slots = num_pages * page_size
         self.rng = random.Random(seed)
         generator = torch.Generator().manual_seed(seed)
         heads = 2
-        per_head = words_per_row * 4 // heads  # bf16 values per head
-        kv_buffer = torch.randn(self.num_slots, 2 * heads, per_head, generator=generator)
-        self.kv_buffer = kv_buffer.to(torch.bfloat16).to(self.device)
-        real_kv_words = None
-        if real_kv_num_words > 0:
-            real_kv_words = self.kv_buffer[:, :heads, :].view(self.num_slots, -1)
-            real_kv_words = real_kv_words.view(torch.int64)
+        self.kv_buffers = []  # the full bf16 buffers the model writes
+        sources = []
+        for words in SOURCE_WORDS[:num_sources]:
+            per_head = words * 4 // heads  # bf16 values per head
+            buffer = torch.randn(self.num_slots, 2 * heads, per_head, generator=generator)
+            buffer = buffer.to(torch.bfloat16).to(self.device)
+            self.kv_buffers.append(buffer)
+            sources.append(_strided_words(buffer, heads))
+        real = None
+        if real_data != "none":
+            real = RealDataSources(sources=tuple(sources), partial=real_data == "partial")
         req_to_token = torch.zeros(
             (req_rows, max_context_len), dtype=torch.int32, device=self.device
         )
@@ -197,9 +243,10 @@ class KvSim:
             req_to_token=req_to_token,
             ring=self._ring_buffer[:ring_capacity],
             counters=torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=self.device),
-            real_kv_words=real_kv_words,
-            real_kv_num_words=real_kv_num_words,
+            owner_chains=torch.zeros(req_rows, dtype=torch.int64, device=self.device),
+            real_data=real,
         )
+        self.sources = sources
         self.free_pages = list(range(1, num_pages))
         self.rng.shuffle(self.free_pages)
         self.requests: dict[int, Request] = {}
@@ -208,12 +255,15 @@ class KvSim:
     # -- requests and allocation
 
     def add_request(self, req_pool_index: int, tokens: list[int]) -> Request:
+        """A new request; its owner chain is unknown (0) until its first forward adopts one."""
         request = Request(req_pool_index=req_pool_index, tokens=list(tokens))
         self.requests[req_pool_index] = request
+        self.state.owner_chains[req_pool_index] = 0
         return request
 
     def share_prefix(self, *, req_pool_index: int, source: int, num_tokens: int) -> None:
-        """Radix hit: reuse ``source``'s first ``num_tokens`` slots (tokens must match)."""
+        """Radix hit: reuse ``source``'s first ``num_tokens`` slots (tokens must match) and set
+        the owner chain as the runtime does on admission."""
         target, origin = self.requests[req_pool_index], self.requests[source]
         assert target.tokens[:num_tokens] == origin.tokens[:num_tokens]
         assert num_tokens % self.page_size == 0 and not target.slots
@@ -221,6 +271,7 @@ class KvSim:
         self.state.req_to_token[req_pool_index, :num_tokens] = torch.tensor(
             target.slots, dtype=torch.int32
         )
+        self.state.owner_chains[req_pool_index] = chain_at(target.tokens, num_tokens)
 
     def allocate(self, request: Request, count: int) -> list[int]:
         """Slots for the request's next ``count`` positions, page by page."""
@@ -242,8 +293,9 @@ class KvSim:
         rows: Sequence[tuple[int, int] | PaddedRow],
         *,
         padded_rows: int = 0,
-        token_pool: bool = False,
+        token_history: bool = False,
         expected_inputs: bool = False,
+        host_seq_lens: bool = False,
     ) -> CanaryBatchView:
         """EXTEND batch: ``(req_pool_index, new token count)`` or a padded row per batch row."""
         rows = list(rows) + [PaddedRow()] * padded_rows
@@ -253,15 +305,17 @@ class KvSim:
             else self._live_entry(*row)
             for row in rows
         ]
-        return self._view(BatchLayout.EXTEND, entries, token_pool, expected_inputs)
+        return self._view(BatchLayout.EXTEND, entries, token_history, expected_inputs,
+                          host_seq_lens)
 
     def decode_batch(
         self,
         rows: Sequence[int | PaddedRow],
         *,
         padded_rows: int = 0,
-        token_pool: bool = False,
+        token_history: bool = False,
         expected_inputs: bool = False,
+        host_seq_lens: bool = False,
     ) -> CanaryBatchView:
         """DECODE batch: one new token per request, or a padded row, per batch row."""
         rows = list(rows) + [PaddedRow()] * padded_rows
@@ -269,7 +323,8 @@ class KvSim:
             self._padded_entry(row, 1) if isinstance(row, PaddedRow) else self._live_entry(row, 1)
             for row in rows
         ]
-        return self._view(BatchLayout.DECODE, entries, token_pool, expected_inputs)
+        return self._view(BatchLayout.DECODE, entries, token_history, expected_inputs,
+                          host_seq_lens)
 
     def _live_entry(self, rp: int, count: int) -> _Entry:
         request = self.requests[rp]
@@ -301,8 +356,9 @@ class KvSim:
         self,
         layout: BatchLayout,
         entries: list[_Entry],
-        token_pool: bool,
+        token_history: bool,
         expected_inputs: bool,
+        host_seq_lens: bool,
     ) -> CanaryBatchView:
         def i64(values):
             return torch.tensor(values, dtype=torch.int64, device=self.device)
@@ -315,23 +371,24 @@ class KvSim:
         starts = [0]
         for entry in entries:
             starts.append(starts[-1] + len(entry.ids))
-        pool = valid_lens = None
-        if token_pool:
-            pool = torch.zeros_like(self.state.req_to_token)
+        history = history_lens = None
+        if token_history:
+            history = torch.zeros_like(self.state.req_to_token)
             for rp, request in self.requests.items():
-                known = request.tokens[: pool.shape[1]]
-                pool[rp, : len(known)] = torch.tensor(known, dtype=torch.int32)
-            valid_lens = i64(  # indexed by pool row: the history's known length
+                known = request.tokens[: history.shape[1]]
+                history[rp, : len(known)] = torch.tensor(known, dtype=torch.int32)
+            history_lens = i64(  # indexed by pool row: the history's known length
                 [
                     len(self.requests[rp].tokens) if rp in self.requests else 0
-                    for rp in range(pool.shape[0])
+                    for rp in range(history.shape[0])
                 ]
             )
         extend = layout is BatchLayout.EXTEND
+        seq_lens = [entry.prefix + len(entry.ids) for entry in entries]
         return CanaryBatchView(
             layout=layout,
             req_pool_indices=i64([entry.rp for entry in entries]),
-            seq_lens=i64([entry.prefix + len(entry.ids) for entry in entries]),
+            seq_lens=i64(seq_lens),
             extend_prefix_lens=i32([entry.prefix for entry in entries]) if extend else None,
             extend_seq_lens=i32([len(entry.ids) for entry in entries]) if extend else None,
             extend_start_loc=i32(starts[:-1]) if extend else None,
@@ -340,25 +397,28 @@ class KvSim:
             out_cache_loc=i64([slot for entry in entries for slot in entry.slots]),
             expected_input_ids=i64(ids) if expected_inputs else None,
             expected_positions=i64(positions) if expected_inputs else None,
-            expected_token_pool=pool,
-            expected_token_valid_lens=valid_lens,
+            token_history=history,
+            token_history_lens=history_lens,
+            host_seq_lens=i64(seq_lens) if host_seq_lens else None,
         )
 
     # -- running
 
     def model_writes_kv(self, batch: CanaryBatchView) -> None:
-        """What the model forward does to the real K buffer: new values in the written slots."""
+        """What the model forward does to the real K/V buffers: new values in the written
+        slots of every layer."""
         generator = torch.Generator().manual_seed(1000 + self.model_step)
         self.model_step += 1
         slots = batch.out_cache_loc.to(device="cpu", dtype=torch.int64)
         slots = slots[(slots > 0) & (slots < self.num_slots)]
-        values = torch.randn((slots.numel(), *self.kv_buffer.shape[1:]), generator=generator)
-        self.kv_buffer[slots.to(self.device)] = values.to(torch.bfloat16).to(self.device)
+        for buffer in self.kv_buffers:
+            values = torch.randn((slots.numel(), *buffer.shape[1:]), generator=generator)
+            buffer[slots.to(self.device)] = values.to(torch.bfloat16).to(self.device)
 
     def forward(self, impl: ModuleType, batch: CanaryBatchView) -> None:
-        impl.launch_pre_forward_verify(state=self.state, batch=batch)
+        impl.launch_pre_forward(state=self.state, batch=batch)
         self.model_writes_kv(batch)
-        impl.launch_post_forward_write_and_verify(state=self.state, batch=batch)
+        impl.launch_post_forward(state=self.state, batch=batch)
         self.assert_guards_intact()
 
     def assert_guards_intact(self) -> None:
@@ -368,16 +428,47 @@ class KvSim:
         ):
             assert bool((buffer[rows:] == GUARD_VALUE).all()), f"a launch wrote past {name}"
 
+    # -- reading
+
     def violations(self) -> list[Violation]:
-        """The violation rows kept in the ring, sorted."""
-        kept = min(int(self.state.counters[COUNTER_VIOLATIONS]), self.state.ring_capacity)
-        return sorted(Violation(*row) for row in self.state.ring[:kept].tolist())
+        """The violation rows held in the ring (unconsumed, not dropped), sorted."""
+        produced = int(self.state.counters[COUNTER_VIOLATIONS])
+        consumed = int(self.state.counters[COUNTER_CONSUMED])
+        capacity = self.state.ring_capacity
+        held = range(consumed, min(produced, consumed + capacity))
+        ring = self.state.ring.tolist()
+        return sorted(Violation(*ring[index % capacity]) for index in held)
+
+    def consume(self) -> None:
+        """Mark every violation produced so far as handled (as the host does)."""
+        self.state.counters[COUNTER_CONSUMED] = self.state.counters[COUNTER_VIOLATIONS]
 
     def counters(self) -> list[int]:
         return self.state.counters.tolist()
 
-    def record(self, slot: int) -> tuple[int, ...]:
-        return tuple(self.state.records[slot].tolist())
+    def record(self, slot: int) -> Record:
+        packed, chain, fingerprint, stamp = self.state.records[slot].tolist()
+        return Record(unpack_token(packed), unpack_position(packed), chain, fingerprint, stamp)
+
+    def owner(self, rp: int) -> int:
+        return int(self.state.owner_chains[rp])
+
+    def fingerprint(self, slot: int) -> int:
+        """The fingerprint of the slot's live bytes, from the scalar hashing."""
+        real = self.state.real_data
+        assert real is not None
+        rows = [source.cpu().tolist() for source in real.sources]
+        return to_signed_i64(slot_fingerprint_scalar(slot=slot, sources=rows, partial=real.partial))
+
+
+def _strided_words(buffer: torch.Tensor, heads: int) -> torch.Tensor:
+    """The first ``heads`` heads of each row of a ``[rows, 2 * heads, per_head]`` bf16 buffer as
+    int64 words ``[rows, heads * per_head / 4]``: a view with strided rows."""
+    rows, _, per_head = buffer.shape
+    words_per_head = per_head // 4
+    return buffer.view(torch.int64).as_strided(
+        (rows, heads * words_per_head), (2 * heads * words_per_head, 1)
+    )
 
 
 GUARD_ROWS = 64
@@ -392,8 +483,8 @@ def _guarded(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
 
 
 def clone_state(state: CanaryDeviceState, *, ring_capacity: int | None = None) -> CanaryDeviceState:
-    """A deep copy (the real K words are shared: the launches never write them), optionally
-    with an empty ring of another capacity."""
+    """A deep copy (the real-data sources are shared: the launches never write them),
+    optionally with an empty ring of another capacity."""
     ring = state.ring.clone()
     if ring_capacity is not None:
         ring = torch.zeros((ring_capacity, ring.shape[1]), dtype=ring.dtype, device=ring.device)
@@ -402,13 +493,17 @@ def clone_state(state: CanaryDeviceState, *, ring_capacity: int | None = None) -
         req_to_token=state.req_to_token.clone(),
         ring=ring,
         counters=state.counters.clone(),
-        real_kv_words=state.real_kv_words,
-        real_kv_num_words=state.real_kv_num_words,
+        owner_chains=state.owner_chains.clone(),
+        real_data=state.real_data,
     )
 
 
 def state_difference(expected: CanaryDeviceState, actual: CanaryDeviceState) -> str | None:
-    """None if records, counters and the kept ring rows (as multisets) are equal."""
+    """None if records, counters, owner chains and the ring rows (as multisets) are equal.
+
+    Ring rows compare as multisets, which is exact whenever no row was dropped (rows take
+    their ring index in launch order, which differs between implementations).
+    """
     problems = []
     if not torch.equal(expected.records.cpu(), actual.records.cpu()):
         bad = (expected.records.cpu() != actual.records.cpu()).any(dim=1).nonzero().flatten()
@@ -417,16 +512,88 @@ def state_difference(expected: CanaryDeviceState, actual: CanaryDeviceState) -> 
             f"records differ at {bad.numel()} slots, first slot {slot}: expected "
             f"{expected.records[slot].tolist()}, got {actual.records[slot].tolist()}"
         )
+    if not torch.equal(expected.owner_chains.cpu(), actual.owner_chains.cpu()):
+        problems.append(
+            f"owner chains differ: expected {expected.owner_chains.tolist()}, "
+            f"got {actual.owner_chains.tolist()}"
+        )
     if not torch.equal(expected.counters.cpu(), actual.counters.cpu()):
         problems.append(
             f"counters differ: expected {expected.counters.tolist()}, "
             f"got {actual.counters.tolist()}"
         )
-    else:
-        kept = min(int(expected.counters[COUNTER_VIOLATIONS]), expected.ring.shape[0])
-        rows_expected = sorted(map(tuple, expected.ring[:kept].tolist()))
-        rows_actual = sorted(map(tuple, actual.ring[:kept].tolist()))
-        if rows_expected != rows_actual:
-            problems.append(f"ring rows differ: expected {rows_expected}, got {rows_actual}")
+    rows_expected = sorted(map(tuple, expected.ring.tolist()))
+    rows_actual = sorted(map(tuple, actual.ring.tolist()))
+    if rows_expected != rows_actual:
+        extra = sorted(set(rows_actual) - set(rows_expected))[:4]
+        missing = sorted(set(rows_expected) - set(rows_actual))[:4]
+        problems.append(f"ring rows differ: missing {missing}, unexpected {extra}")
     return "; ".join(problems) or None
 
+
+# ----------------------------------------------------------------------------- hand-test helpers
+
+
+def expected_counters(
+    *,
+    pre: int = 0,
+    post: int | None = None,
+    step: int | None = None,
+    verified_pre: int = 0,
+    verified_post: int = 0,
+    written: int = 0,
+    violations: int = 0,
+    consumed: int = 0,
+    sweeps: int = 0,
+    swept: int = 0,
+) -> list[int]:
+    """The counters vector; ``post`` and ``step`` default to ``pre`` (whole forwards)."""
+    from sglang.jit_kernel.kv_canary.consts import (
+        COUNTER_ENTRIES,
+        COUNTER_KERNEL_RUNS,
+        COUNTER_STEP,
+        CheckKind,
+    )
+
+    post = pre if post is None else post
+    counters = [0] * NUM_COUNTERS
+    counters[COUNTER_VIOLATIONS] = violations
+    counters[COUNTER_STEP] = post if step is None else step
+    counters[COUNTER_CONSUMED] = consumed
+    counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = pre
+    counters[COUNTER_KERNEL_RUNS + CheckKind.WRITE] = pre
+    counters[COUNTER_KERNEL_RUNS + CheckKind.POST_VERIFY] = post
+    counters[COUNTER_KERNEL_RUNS + CheckKind.SWEEP] = sweeps
+    counters[COUNTER_ENTRIES + CheckKind.PRE_VERIFY] = verified_pre
+    counters[COUNTER_ENTRIES + CheckKind.POST_VERIFY] = verified_post
+    counters[COUNTER_ENTRIES + CheckKind.WRITE] = written
+    counters[COUNTER_ENTRIES + CheckKind.SWEEP] = swept
+    return counters
+
+
+def prefilled(impl: str, device: str, *, prompts, **sim_options) -> tuple[KvSim, ModuleType]:
+    """A sim whose requests ``1..`` hold ``prompts[i][0][:prompts[i][1]]`` after one EXTEND
+    forward (step 0), and the launch module of ``impl``."""
+    sim = KvSim(device=device, **sim_options)
+    launches = canary_impl(impl)
+    rows = []
+    for index, (tokens, prefill) in enumerate(prompts, start=1):
+        sim.add_request(index, tokens)
+        rows.append((index, prefill))
+    sim.forward(launches, sim.extend_batch(rows))
+    return sim, launches
+
+
+def assert_history_records(sim: KvSim, rp: int, *, fingerprints: bool = False) -> None:
+    """The records of request ``rp``'s slots hold its history (and the live bytes'
+    fingerprints, or 0), and its owner chain follows its last slot."""
+    request = sim.requests[rp]
+    for (token, position, chain), slot in zip(
+        history_records(request.tokens[: len(request.slots)]), request.slots
+    ):
+        record = sim.record(slot)
+        assert record[:3] == (token, position, chain), f"slot {slot} (position {position})"
+        assert record.stamp > 0
+        expected_fingerprint = sim.fingerprint(slot) if fingerprints else 0
+        assert record.fingerprint == expected_fingerprint, f"fingerprint of slot {slot}"
+    assert sim.owner(rp) == chain_at(request.tokens, len(request.slots))

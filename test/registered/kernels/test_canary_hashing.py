@@ -1,4 +1,5 @@
-"""chain_term, fingerprint and mix64: scalar reference == torch == Triton, bit for bit.
+"""mix64, chain_term, chain_after and the slot fingerprint: scalar reference == torch, bit for bit
+(the Triton forms are pinned against the same references in ``test_canary_triton_helpers.py``).
 
 The values are part of the record format (a prefill server and a decode server must agree on
 them), so a few are also pinned as literals.
@@ -10,36 +11,37 @@ import sys
 import pytest
 import torch
 
-from _canary_sim import TRITON_DEVICES, import_triton_modules
+from sglang.jit_kernel.kv_canary.consts import CHAIN_ANCHOR, TOKEN_MASK
 from sglang.jit_kernel.kv_canary.hashing import (
+    chain_after_scalar,
+    chain_after_torch,
+    chain_before_torch,
     chain_term_scalar,
     chain_term_torch,
+    fingerprint_columns,
+    fingerprint_fold_torch,
+    fingerprint_keys_torch,
     fingerprint_scalar,
-    fingerprint_torch,
     mix64_scalar,
     mix64_torch,
+    slot_fingerprint_scalar,
+    slot_fingerprints_torch,
     to_signed_i64,
 )
-from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")
-register_cuda_ci(est_time=15, suite="kv-canary-gpu")
-
-triton_hashing, _ = import_triton_modules()  # before the kernel below is decorated
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 EDGE_VALUES = [0, 1, -1, 2, 151643, (1 << 31) - 1, 1 << 31, 1 << 32, I64_MAX, I64_MIN, I64_MIN + 1]
 
 
-def _random_values(count: int, seed: int) -> list[int]:
+def random_values(count: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return EDGE_VALUES + [rng.randint(I64_MIN, I64_MAX) for _ in range(count - len(EDGE_VALUES))]
 
 
-def _signed(values):
+def signed(values):
     return [to_signed_i64(v) for v in values]
 
 
@@ -47,94 +49,119 @@ def test_pinned_values():
     assert chain_term_scalar(0, 0) == 564591347747
     assert chain_term_scalar(151643, 7) == 226011646570
     assert chain_term_scalar(-1, 1 << 40) == 656956252769
-    assert fingerprint_scalar([]) == 0
-    assert fingerprint_scalar([1, 2]) == 16189602710100240649
-    assert fingerprint_scalar([-1, -1, -1]) == 17313785640128031384
+    assert fingerprint_scalar(words=[]) == 0
+    assert fingerprint_scalar(words=[(0, 0, 1), (0, 1, 2)]) == 16189602710100240649
+    assert fingerprint_scalar(words=[(0, c, -1) for c in range(3)]) == 17313785640128031384
     assert mix64_scalar(1) == 6238072747940578789
+    assert chain_after_scalar(tokens=[]) == CHAIN_ANCHOR
+    assert chain_after_scalar(tokens=[7, 8]) == (
+        CHAIN_ANCHOR + chain_term_scalar(7, 0) + chain_term_scalar(8, 1)
+    )
 
 
 def test_chain_term_is_a_40_bit_value():
-    values = _random_values(64, seed=1)
+    values = random_values(64, seed=1)
     terms = [chain_term_scalar(a, b) for a, b in zip(values, reversed(values))]
     assert all(0 <= term < (1 << 40) for term in terms)
 
 
 def test_torch_forms_match_the_scalar_reference():
-    tokens = torch.tensor(_random_values(128, seed=2), dtype=torch.int64)
-    positions = torch.tensor(_random_values(128, seed=3), dtype=torch.int64)
-    assert mix64_torch(tokens).tolist() == _signed(mix64_scalar(t) for t in tokens.tolist())
+    tokens = torch.tensor(random_values(128, seed=2), dtype=torch.int64)
+    positions = torch.tensor(random_values(128, seed=3), dtype=torch.int64)
+    assert mix64_torch(tokens).tolist() == signed(mix64_scalar(t) for t in tokens.tolist())
     assert chain_term_torch(tokens, positions).tolist() == [
         chain_term_scalar(t, p) for t, p in zip(tokens.tolist(), positions.tolist())
     ]
-    for num_words in (0, 1, 2, 3, 5, 16, 37):
-        values = _random_values(8 * num_words + 11, seed=num_words)[: 8 * num_words]
-        words = torch.tensor(values, dtype=torch.int64)
-        words = words.view(8, num_words)
-        assert fingerprint_torch(words).tolist() == _signed(
-            fingerprint_scalar(row) for row in words.tolist()
+    columns = torch.arange(7, dtype=torch.int64)
+    for source in range(4):
+        keys = fingerprint_keys_torch(source=source, columns=columns)
+        words = tokens[: 8 * 7].view(8, 7)
+        assert fingerprint_fold_torch(words=words, keys=keys).tolist() == signed(
+            fingerprint_scalar(words=[(source, c, w) for c, w in enumerate(row)])
+            for row in words.tolist()
+        )
+
+
+def test_chain_forms_use_the_low_32_bits_of_tokens():
+    rng = random.Random(4)
+    tokens = [rng.randrange(1 << 31) for _ in range(50)]
+    high = torch.tensor(tokens, dtype=torch.int64) + (5 << 32)  # same low 32 bits
+    positions = torch.arange(50)
+    assert int(chain_after_torch(tokens=high, positions=positions)) == chain_after_scalar(
+        tokens=tokens
+    )
+    before = chain_before_torch(tokens=high.view(2, 25), positions=positions.view(2, 25))
+    assert before[0].tolist() == [chain_after_scalar(tokens=tokens[:p]) for p in range(25)]
+    assert int(before[1, 0]) == CHAIN_ANCHOR  # each row is its own history
+    assert int(before[1, 1]) == CHAIN_ANCHOR + chain_term_scalar(tokens[25] & TOKEN_MASK, 25)
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_slot_fingerprints_match_the_scalar_reference(partial):
+    generator = torch.Generator().manual_seed(5)
+    sources = [
+        torch.randint(I64_MIN, I64_MAX, (rows, words), generator=generator, dtype=torch.int64)
+        for rows, words in ((10, 4), (12, 6), (10, 2), (9, 8))
+    ]
+    strided = torch.zeros(10, 11, dtype=torch.int64)[:, 1:5]
+    strided.copy_(sources[0])
+    sources[0] = strided  # rows of a wider buffer
+    slots = torch.tensor([0, 1, 2, 3, 5, 8, 9, 10, 11, 12, -1, -7, 1 << 40])
+    rows = [source.tolist() for source in sources]
+    for count in range(1, 5):
+        got = slot_fingerprints_torch(slots=slots, sources=sources[:count], partial=partial)
+        assert got.tolist() == signed(
+            slot_fingerprint_scalar(slot=slot, sources=rows[:count], partial=partial)
+            for slot in slots.tolist()
         )
 
 
 def test_fingerprint_sees_every_single_word_change_and_word_order():
     rng = random.Random(4)
     words = [rng.randint(I64_MIN, I64_MAX) for _ in range(16)]
-    base = fingerprint_scalar(words)
-    for index in range(len(words)):
+    triples = [(source, column % 8, word) for column, word in enumerate(words)
+               for source in [column // 8]]
+    base = fingerprint_scalar(words=triples)
+    for index in range(len(triples)):
         for bit in (0, 17, 63):
-            changed = list(words)
-            changed[index] = to_signed_i64(changed[index] ^ (1 << bit))
-            assert fingerprint_scalar(changed) != base
-    swapped = [words[1], words[0]] + words[2:]
-    assert fingerprint_scalar(swapped) != base
+            changed = list(triples)
+            source, column, word = changed[index]
+            changed[index] = (source, column, to_signed_i64(word ^ (1 << bit)))
+            assert fingerprint_scalar(words=changed) != base
+    swapped = [(0, 0, words[1]), (0, 1, words[0])] + triples[2:]
+    assert fingerprint_scalar(words=swapped) != base
+    other_source = [(1, c, w) for _, c, w in triples[:8]] + triples[8:]
+    assert fingerprint_scalar(words=other_source) != base
+
+
+def test_partial_columns_rotate_with_the_slot():
+    seen = [
+        tuple(fingerprint_columns(slot=slot, words_per_row=8, num_rows=64, partial=True))
+        for slot in range(8)
+    ]
+    assert seen == [(0, 1), (2, 3), (4, 5), (6, 7)] * 2
+    assert tuple(fingerprint_columns(slot=5, words_per_row=5, num_rows=64, partial=True)) == (
+        2, 3,
+    )
+    outside = fingerprint_columns(slot=99, words_per_row=8, num_rows=64, partial=True)
+    assert tuple(outside) == (0, 1)
+    assert tuple(fingerprint_columns(slot=3, words_per_row=3, num_rows=8, partial=False)) == (
+        0, 1, 2,
+    )
+    with pytest.raises(ValueError, match="words_per_row >= 2"):
+        fingerprint_columns(slot=0, words_per_row=1, num_rows=8, partial=True)
 
 
 def test_torch_forms_reject_other_dtypes():
     with pytest.raises(TypeError, match="int64"):
         chain_term_torch(torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64))
     with pytest.raises(TypeError, match="int64"):
-        fingerprint_torch(torch.zeros(2, 2, dtype=torch.int32))
-
-
-@triton.jit
-def _hash_kernel(
-    tokens_ptr,
-    positions_ptr,
-    words_ptr,
-    mix_out_ptr,
-    term_out_ptr,
-    fingerprint_out_ptr,
-    N: tl.constexpr,
-    NUM_WORDS: tl.constexpr,
-    WORD_CHUNK: tl.constexpr,
-):
-    lanes = tl.arange(0, N)
-    tokens = tl.load(tokens_ptr + lanes)
-    positions = tl.load(positions_ptr + lanes)
-    tl.store(mix_out_ptr + lanes, triton_hashing.mix64(tokens))
-    tl.store(term_out_ptr + lanes, triton_hashing.chain_term(tokens, positions))
-    row_offsets = lanes.to(tl.int64) * NUM_WORDS
-    fingerprint = triton_hashing.fingerprint_rows(
-        words_ptr, row_offsets, lanes < N, NUM_WORDS, WORD_CHUNK
-    )
-    tl.store(fingerprint_out_ptr + lanes, fingerprint)
-
-
-@pytest.mark.parametrize("device", TRITON_DEVICES)
-@pytest.mark.parametrize("num_words, word_chunk", [(0, 1), (2, 2), (5, 4), (37, 16)])
-def test_triton_forms_match_the_scalar_reference(device, num_words, word_chunk):
-    n = 64
-    tokens = torch.tensor(_random_values(n, seed=5), dtype=torch.int64)
-    positions = torch.tensor(_random_values(n, seed=6), dtype=torch.int64)
-    values = _random_values(n * num_words + 11, seed=7)[: n * num_words]
-    words = torch.tensor(values, dtype=torch.int64)
-    words = words.view(n, num_words)
-    outputs = [torch.empty(n, dtype=torch.int64, device=device) for _ in range(3)]
-    inputs = (tokens.to(device), positions.to(device), words.to(device))
-    _hash_kernel[(1,)](*inputs, *outputs, n, num_words, word_chunk)
-    mix, term, fingerprint = (out.tolist() for out in outputs)
-    assert mix == _signed(mix64_scalar(t) for t in tokens.tolist())
-    assert term == [chain_term_scalar(t, p) for t, p in zip(tokens.tolist(), positions.tolist())]
-    assert fingerprint == _signed(fingerprint_scalar(row) for row in words.tolist())
+        fingerprint_fold_torch(
+            words=torch.zeros(2, 2, dtype=torch.int32), keys=torch.zeros(2, dtype=torch.int64)
+        )
+    with pytest.raises(TypeError, match="int64"):
+        slot_fingerprints_torch(slots=torch.zeros(2, dtype=torch.int32), sources=[],
+                                partial=False)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (
-    launch_scatter_req_token_ids_kernel,
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req_token_ids_kernel
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (
     scatter_req_token_ids_torch_reference,
 )
 

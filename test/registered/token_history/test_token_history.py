@@ -16,8 +16,8 @@ interpret_kernels_without_cuda()
 
 from _history_schedule import FakeReq, SimulatedSchedule  # noqa: E402
 
-from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (  # noqa: E402
-    launch_scatter_req_token_ids_kernel,
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req_token_ids_kernel  # noqa: E402
+from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (  # noqa: E402
     scatter_req_token_ids_torch_reference,
 )
 from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (  # noqa: E402

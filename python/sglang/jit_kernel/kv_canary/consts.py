@@ -1,25 +1,33 @@
 """Layouts and constants shared by the canary kernels, their torch references and the runtime.
 
-Per-slot record (``records``: int64 ``[num_slots, RECORD_FIELDS]``, row = KV-pool slot index):
+Records (``records``: int64 ``[num_slots, RECORD_FIELDS]``, row = KV-pool slot index)
+=====================  ===========================================================================
+FIELD_TOKEN_POSITION   ``(position << 32) | (token & 0xFFFFFFFF)`` of the token whose K/V the slot
+                       holds (see :func:`pack_token_position`)
+FIELD_CHAIN            chain value: ``CHAIN_ANCHOR`` at position 0, else
+                       ``chain(prev) + chain_term(token(prev), position(prev))`` of the record at
+                       the previous position of the same request
+FIELD_FINGERPRINT      fingerprint of the slot's real K/V bytes; 0 when real data is off
+FIELD_STAMP            1 + the step index of the forward whose pre launch wrote the record
+                       (0: never written)
+=====================  ===========================================================================
 
-=========  ==================================================================================
-TOKEN       token id whose K/V the slot holds (``input_ids[i]`` of the forward that wrote it)
-POSITION    its sequence position (``positions[i]``)
-CHAIN       chain value: ``CHAIN_ANCHOR`` for position 0, else
-            ``CHAIN(prev) + chain_term(TOKEN(prev), POSITION(prev))`` of the predecessor slot
-FINGERPRINT fold of the slot's real K bytes (layer 0); 0 when real data is off
-=========  ==================================================================================
+One record is 32 bytes: one memory sector, so a verifier reads a slot's record in one sector.
+Token ids and positions are below ``2**31``; wherever a token enters a hash or a comparison its
+low 32 bits are used, as a non-negative int64 (``token & TOKEN_MASK``).
 
-Chain rule. ``chain_term`` is a 40-bit hash of (token, position), so the chain value of the slot
-at position p is ``CHAIN_ANCHOR + sum(chain_term(t_q, q) for q < p)``: a function of the whole
-history before p, identical for identical histories (radix-shared prefixes verify), different
-for a pointer into another history. No sum can overflow int64 for histories shorter than 2**22
-tokens, and the additive form lets a long chunk be chained with a parallel prefix sum.
+Chain rule. ``chain_term`` is a 40-bit hash of (token, position), so the chain value at position
+``p`` is ``CHAIN_ANCHOR + sum(chain_term(t_q, q) for q < p)``: a function of the whole history
+before ``p``, identical for identical histories (radix-shared prefixes verify), different for a
+pointer into another history. No sum overflows int64 for histories shorter than ``2**22`` tokens,
+and the additive form lets a long chunk be chained with a parallel prefix sum.
 
-Violation ring (``ring``: int64 ``[capacity, RING_ROW_FIELDS]``) and ``counters`` (int64
-``[NUM_COUNTERS]``) layouts are below. ``counters[COUNTER_VIOLATIONS]`` is the number of
-violation rows ever produced; it keeps counting when the ring is full (rows beyond capacity are
-dropped), so it is also the ring's write index.
+Violation ring (``ring``: int64 ``[capacity, RING_ROW_FIELDS]``) and counters (int64
+``[NUM_COUNTERS]``). A launch that finds violations reserves violation indices ``n`` by an atomic
+add on ``counters[COUNTER_VIOLATIONS]`` (ever-growing: the number of violation rows ever
+produced). Row ``n`` is stored at ``ring[n % capacity]`` if ``n - counters[COUNTER_CONSUMED] <
+capacity``, else it is dropped (it is still counted). ``COUNTER_CONSUMED`` is written only by the
+host: how many violation indices it has handled, which frees their ring rows for reuse.
 """
 
 from __future__ import annotations
@@ -28,29 +36,52 @@ import enum
 
 # ----------------------------------------------------------------------------- records
 RECORD_FIELDS = 4
-FIELD_TOKEN = 0
-FIELD_POSITION = 1
-FIELD_CHAIN = 2
-FIELD_FINGERPRINT = 3
+FIELD_TOKEN_POSITION = 0
+FIELD_CHAIN = 1
+FIELD_FINGERPRINT = 2
+FIELD_STAMP = 3
 RECORD_BYTES = RECORD_FIELDS * 8
 
-PADDING_SLOT = 0  # the allocator's padding slot: never verified
+TOKEN_MASK = 0xFFFFFFFF  # the low 32 bits of a token id: what hashes and comparisons use
+POSITION_SHIFT = 32  # FIELD_TOKEN_POSITION keeps the position in the high 32 bits
+
+PADDING_SLOT = 0  # the allocator's padding slot: never verified, never written
 PADDING_REQ_POOL_INDEX = 0  # a padded batch row (CUDA-graph padding): never verified or written
 
 CHAIN_ANCHOR = 0x0C0FFEE5EED5A17  # < 2**61
 CHAIN_TERM_BITS = 40
 CHAIN_SALT = 0x5EED_C4A1_0000_0001
 FINGERPRINT_SALT = 0x7EA1_0D47_A000_0003
-NO_EXPECTED_TOKEN = -1  # verify-token: position beyond the known history, skip
+NO_EXPECTED_TOKEN = -1  # no expectation (token or position): not checked
+MAX_REAL_DATA_SOURCES = 4
+
+
+def pack_token_position(*, token, position):
+    """``(position << 32) | (token & TOKEN_MASK)``: the ``FIELD_TOKEN_POSITION`` value.
+
+    Works elementwise on Python ints and on int64 torch tensors alike (int64 wrap-around for a
+    position outside ``[-2**31, 2**31)``, which only a corrupt forward produces).
+    """
+    return (position << POSITION_SHIFT) | (token & TOKEN_MASK)
+
+
+def unpack_token(packed):
+    """The token (low 32 bits, non-negative) of a ``FIELD_TOKEN_POSITION`` value."""
+    return packed & TOKEN_MASK
+
+
+def unpack_position(packed):
+    """The position (high 32 bits, sign-extended) of a ``FIELD_TOKEN_POSITION`` value."""
+    return packed >> POSITION_SHIFT
 
 
 class CheckKind(enum.IntEnum):
-    """Which kernel produced a violation row (stamped into the row; indexes counters)."""
+    """Which check produced a violation row (stamped into the row; indexes counters)."""
 
-    PRE_VERIFY = 0  # before the model forward: every prefix slot of every live row
-    POST_VERIFY = 1  # after the model forward: the same slots again, real data included
-    WRITE = 2  # records of the slots written this forward
-    SWEEP = 3  # every slot held by the radix cache
+    PRE_VERIFY = 0  # before the model forward: prefix slots, seq_lens, request ownership
+    POST_VERIFY = 1  # after the model forward: prefix and new slots, request ownership
+    WRITE = 2  # the records written by this forward (in the pre launch)
+    SWEEP = 3  # slots listed by the host (e.g. every slot the radix cache holds)
 
 
 class Reason(enum.IntFlag):
@@ -62,6 +93,12 @@ class Reason(enum.IntFlag):
     VERIFY_TOKEN = 8
     WRITE_TOKEN = 16
     WRITE_POSITION = 32
+    VERIFY_OWNER = 64
+    VERIFY_UNMAPPED = 128
+    VERIFY_OVERWRITTEN = 256
+    VERIFY_UNWRITTEN = 512
+    WRITE_UNMAPPED = 1024
+    VERIFY_SEQ_LENS = 2048
 
 
 REASON_LABELS: dict[Reason, str] = {
@@ -71,30 +108,31 @@ REASON_LABELS: dict[Reason, str] = {
     Reason.VERIFY_TOKEN: "verify_token",
     Reason.WRITE_TOKEN: "write_token",
     Reason.WRITE_POSITION: "write_position",
+    Reason.VERIFY_OWNER: "verify_owner",
+    Reason.VERIFY_UNMAPPED: "verify_unmapped",
+    Reason.VERIFY_OVERWRITTEN: "verify_overwritten",
+    Reason.VERIFY_UNWRITTEN: "verify_unwritten",
+    Reason.WRITE_UNMAPPED: "write_unmapped",
+    Reason.VERIFY_SEQ_LENS: "verify_seq_lens",
 }
-
-
-def reason_labels(bits: int) -> list[str]:
-    """Labels of the set bits, in bit order."""
-    return [label for reason, label in REASON_LABELS.items() if bits & int(reason)]
-
 
 # ----------------------------------------------------------------------------- violation ring
 RING_ROW_FIELDS = 10
 ROW_CHECK = 0  # CheckKind
 ROW_REASONS = 1  # Reason bits
-ROW_REQ_POOL_INDEX = 2
+ROW_REQ_POOL_INDEX = 2  # 0 for sweep rows
 ROW_SLOT = 3
-ROW_POSITION = 4  # the position being checked/written
-ROW_STORED_TOKEN = 5  # verify: record's token; write: the forward's input_ids[i]
-ROW_EXPECTED_TOKEN = 6  # verify-token / write-input expectation, or NO_EXPECTED_TOKEN
-ROW_STORED_CHAIN = 7  # verify: record's chain; write: the forward's positions[i]
-ROW_EXPECTED_CHAIN = 8  # verify: recomputed chain; write: expected position
-ROW_STEP = 9  # the canary's forward step counter when the row was produced
+ROW_POSITION = 4  # the position checked or written
+ROW_STORED_TOKEN = 5  # verify: the record's token; write: the forward's input token
+ROW_EXPECTED_TOKEN = 6  # the token expectation, or NO_EXPECTED_TOKEN
+ROW_STORED_CHAIN = 7  # verify: the record's chain; write: the forward's position
+ROW_EXPECTED_CHAIN = 8  # verify: the expected chain; write: the expected position
+ROW_STEP = 9  # the step index of the forward (sweep: counters[COUNTER_STEP])
 
 # ----------------------------------------------------------------------------- counters
-COUNTER_VIOLATIONS = 0
-COUNTER_STEP = 1  # forward steps seen on the device (advanced once per forward)
-COUNTER_KERNEL_RUNS = 2  # + CheckKind: launches that ran
-COUNTER_ENTRIES = 2 + len(CheckKind)  # + CheckKind: slots checked or written
-NUM_COUNTERS = 2 + 2 * len(CheckKind)
+COUNTER_VIOLATIONS = 0  # violation indices ever reserved (device)
+COUNTER_STEP = 1  # forwards completed: the post launch adds 1 (device)
+COUNTER_CONSUMED = 2  # violation indices the host has handled (host)
+COUNTER_KERNEL_RUNS = 3  # + CheckKind: launches that ran (device)
+COUNTER_ENTRIES = COUNTER_KERNEL_RUNS + len(CheckKind)  # + CheckKind: slots checked/written
+NUM_COUNTERS = COUNTER_ENTRIES + len(CheckKind)

@@ -1,32 +1,43 @@
 """64-bit mixing shared by the token oracle, the chain rule and the real-data fingerprint.
 
-Three definitions live here, each in a scalar pure-Python form (the reference) and a torch
-form; the Triton device-function forms are in :mod:`.triton_hashing`:
+Each definition exists as a scalar pure-Python function (the reference) and a torch function;
+the Triton device-function forms are in :mod:`.triton_helpers`:
 
 - ``mix64``: the SplitMix64 finalizer.
 - ``chain_term(token, position)``: the 40-bit term of the additive chain rule (see
   :mod:`.consts`): ``mix64((token << 32) ^ position ^ CHAIN_SALT) >> 24`` on the unsigned 64-bit
-  patterns of ``token`` and ``position``.
-- ``fingerprint(words)``: an order-sensitive fold of a slot's real K words,
-  ``XOR over i of mix64(word_i ^ mix64(i ^ FINGERPRINT_SALT))`` (0 for no words). Every term is a
-  bijection of its word, so changing any single word always changes the fingerprint.
+  patterns of ``token`` and ``position``. Callers pass the token's low 32 bits.
+- ``chain_after``: ``CHAIN_ANCHOR + sum(chain_term(t_q & TOKEN_MASK, q))`` over a history: the
+  chain value of the position after it, which is also what ``owner_chains`` holds for a request
+  whose KV cache holds exactly that history.
+- the fingerprint of a slot: XOR over real-data sources ``s`` and selected columns ``c`` of
+  ``mix64(word[s][slot, c] ^ fingerprint_key(s, c))`` with ``fingerprint_key(s, c) =
+  mix64(((s << 32) | c) ^ FINGERPRINT_SALT)`` (0 with no sources). ``all`` selects every column
+  of a source; ``partial`` selects the two columns ``c0, c0 + 1`` with ``c0 = 2 * (slot mod
+  (words_per_row // 2))``: 16 bytes per source, rotating over the row with the slot, so that
+  different heads and offsets are covered across slots. A slot outside a source's rows folds
+  zero words (and rotates as slot 0). Every term is a bijection of its word, so changing any
+  single selected word always changes the fingerprint.
 
-All torch functions here take and return ``torch.int64`` tensors but compute with unsigned
-64-bit semantics: right shifts are logical and multiplications wrap modulo 2**64 (two's
-complement int64 multiplication wraps the same bits). They run on any device, allocate only
-their outputs, and never synchronize, so they are CUDA-graph capturable.
-
-The scalar functions are the pure-Python references the torch versions are tested against bit
-for bit.
+All torch functions here take and return ``torch.int64`` tensors but compute with unsigned 64-bit
+semantics: right shifts are logical and multiplications wrap modulo 2**64 (two's complement int64
+multiplication wraps the same bits). They run on any device, allocate only their outputs and
+temporaries, and never synchronize with the host, so they are CUDA-graph capturable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import CHAIN_SALT, CHAIN_TERM_BITS, FINGERPRINT_SALT
+from sglang.jit_kernel.kv_canary.consts import (
+    CHAIN_ANCHOR,
+    CHAIN_SALT,
+    CHAIN_TERM_BITS,
+    FINGERPRINT_SALT,
+    TOKEN_MASK,
+)
 
 U64_MASK = (1 << 64) - 1
 MIX64_MULTIPLIER_1 = 0xBF58476D1CE4E5B9
@@ -79,12 +90,57 @@ def chain_term_scalar(token: int, position: int) -> int:
     return mix64_scalar((token << 32) ^ position ^ CHAIN_SALT) >> (64 - CHAIN_TERM_BITS)
 
 
-def fingerprint_scalar(words: Sequence[int]) -> int:
-    """Fingerprint of a slot's real K words (int64 or unsigned patterns); an unsigned int."""
+def chain_after_scalar(*, tokens: Sequence[int]) -> int:
+    """``CHAIN_ANCHOR + sum(chain_term(t_q & TOKEN_MASK, q))`` over positions ``q = 0..`` of
+    ``tokens``, as a signed int64: the chain value of position ``len(tokens)``."""
+    chain = CHAIN_ANCHOR
+    for position, token in enumerate(tokens):
+        chain += chain_term_scalar(token & TOKEN_MASK, position)
+    return to_signed_i64(chain)
+
+
+def fingerprint_key_scalar(*, source: int, column: int) -> int:
+    """Key of word ``column`` of real-data source ``source``: an unsigned int."""
+    return mix64_scalar(((source << 32) | column) ^ FINGERPRINT_SALT)
+
+
+def fingerprint_columns(*, slot: int, words_per_row: int, num_rows: int, partial: bool) -> range:
+    """Columns of a source that a slot's fingerprint folds (see the module docstring).
+
+    Raises:
+        ValueError: ``partial`` with fewer than 2 words per row.
+    """
+    if not partial:
+        return range(words_per_row)
+    if words_per_row < 2:
+        raise ValueError(f"partial fingerprints need words_per_row >= 2, got {words_per_row}")
+    rotation_slot = slot if 0 <= slot < num_rows else 0
+    first = 2 * (rotation_slot % (words_per_row // 2))
+    return range(first, first + 2)
+
+
+def fingerprint_scalar(*, words: Iterable[tuple[int, int, int]]) -> int:
+    """XOR of ``mix64(word ^ fingerprint_key(source, column))`` over ``(source, column, word)``
+    triples (words as int64 or unsigned patterns); an unsigned int, 0 for no words."""
     result = 0
-    for index, word in enumerate(words):
-        result ^= mix64_scalar(word ^ mix64_scalar(index ^ FINGERPRINT_SALT))
+    for source, column, word in words:
+        result ^= mix64_scalar(word ^ fingerprint_key_scalar(source=source, column=column))
     return result
+
+
+def slot_fingerprint_scalar(*, slot: int, sources: Sequence[Sequence[Sequence[int]]],
+                            partial: bool) -> int:
+    """Fingerprint of ``slot`` over real-data sources given as row lists (``sources[s][row]`` is
+    the list of int64 words of that row); an unsigned int."""
+    triples = []
+    for source, rows in enumerate(sources):
+        words_per_row = len(rows[0]) if rows else 0
+        inside = 0 <= slot < len(rows)
+        columns = fingerprint_columns(
+            slot=slot, words_per_row=words_per_row, num_rows=len(rows), partial=partial
+        )
+        triples += [(source, c, rows[slot][c] if inside else 0) for c in columns]
+    return fingerprint_scalar(words=triples)
 
 
 # ----------------------------------------------------------------------------- torch (int64)
@@ -134,22 +190,67 @@ def chain_term_torch(token: torch.Tensor, position: torch.Tensor) -> torch.Tenso
     return logical_shift_right(mixed, 64 - CHAIN_TERM_BITS)
 
 
-def _fingerprint_keys_torch(num_words: int, *, device: torch.device | str) -> torch.Tensor:
-    """int64 ``[num_words]``: the per-index keys ``mix64(i ^ FINGERPRINT_SALT)``."""
-    index = torch.arange(num_words, dtype=torch.int64, device=device)
-    return mix64_torch(index ^ to_signed_i64(FINGERPRINT_SALT))
+def chain_terms_torch(*, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``chain_term(tokens & TOKEN_MASK, positions)`` elementwise (int64, broadcast)."""
+    return chain_term_torch(tokens & TOKEN_MASK, positions)
 
 
-def fingerprint_torch(words: torch.Tensor) -> torch.Tensor:
-    """Fingerprint over the last dimension of an int64 tensor ``[..., num_words]``.
+def chain_before_torch(*, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Chain value at each token of histories ``[..., n]``: ``CHAIN_ANCHOR`` plus the exclusive
+    prefix sum of the chain terms over the last dimension (int64 ``[..., n]``)."""
+    terms = chain_terms_torch(tokens=tokens, positions=positions)
+    return CHAIN_ANCHOR + torch.cumsum(terms, dim=-1) - terms
 
-    Returns int64 ``[...]``, bit-identical to :func:`fingerprint_scalar` on each row (0 where
-    ``num_words == 0``). Graph-safe: a fixed number of elementwise ops and a pairwise XOR tree.
+
+def chain_after_torch(*, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``CHAIN_ANCHOR + sum(chain_term(t & TOKEN_MASK, q))`` over the last dimension of
+    histories ``[..., n]`` (int64 ``[...]``): the chain value of the position after each
+    history, i.e. the ``owner_chains`` value of a request whose KV cache holds it."""
+    return CHAIN_ANCHOR + chain_terms_torch(tokens=tokens, positions=positions).sum(dim=-1)
+
+
+def fingerprint_keys_torch(*, source: int, columns: torch.Tensor) -> torch.Tensor:
+    """``fingerprint_key(source, c)`` for every ``c`` of the int64 tensor ``columns``."""
+    return mix64_torch(((source << 32) | columns) ^ to_signed_i64(FINGERPRINT_SALT))
+
+
+def fingerprint_fold_torch(*, words: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """XOR over the last dimension of ``mix64(words ^ keys)`` (int64, ``keys`` broadcast to
+    ``words [..., n]``); int64 ``[...]``, 0 where ``n == 0``."""
+    if words.dtype != torch.int64 or keys.dtype != torch.int64:
+        raise TypeError(
+            f"fingerprint_fold_torch expects int64 words and keys, got {words.dtype}, {keys.dtype}"
+        )
+    return _xor_reduce_last_dim(mix64_torch(words ^ keys))
+
+
+def slot_fingerprints_torch(
+    *, slots: torch.Tensor, sources: Sequence[torch.Tensor], partial: bool
+) -> torch.Tensor:
+    """Fingerprints of ``slots`` (int64 ``[n]``) over real-data sources (int64 word views
+    ``[num_rows, words_per_row]``, row = slot); int64 ``[n]``, bit-identical to
+    :func:`slot_fingerprint_scalar`. Slots outside a source's rows fold zero words.
+
+    Graph-safe (gathers with clamped indices, no host sync); allocates temporaries.
     """
-    if words.dtype != torch.int64:
-        raise TypeError(f"fingerprint_torch expects int64 words, got {words.dtype}")
-    terms = mix64_torch(words ^ _fingerprint_keys_torch(words.shape[-1], device=words.device))
-    return _xor_reduce_last_dim(terms)
+    if slots.dtype != torch.int64:
+        raise TypeError(f"slots must be int64, got {slots.dtype}")
+    result = torch.zeros_like(slots)
+    for source, words in enumerate(sources):
+        num_rows, words_per_row = words.shape
+        inside = (slots >= 0) & (slots < num_rows)
+        rows = torch.where(inside, slots, 0)
+        if partial:
+            first = 2 * (rows % (words_per_row // 2))
+            columns = torch.stack([first, first + 1], dim=-1)
+        else:
+            columns = torch.arange(words_per_row, dtype=torch.int64, device=slots.device)
+            columns = columns.expand(slots.shape[0], words_per_row)
+        gathered = words[rows[:, None], columns] if num_rows else torch.zeros_like(columns)
+        gathered = torch.where(inside[:, None], gathered, 0)
+        keys = fingerprint_keys_torch(source=source, columns=columns)
+        result ^= fingerprint_fold_torch(words=gathered, keys=keys)
+    return result
 
 
 def _xor_reduce_last_dim(x: torch.Tensor) -> torch.Tensor:

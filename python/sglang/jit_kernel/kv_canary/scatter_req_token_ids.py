@@ -29,6 +29,9 @@ expected. Tensor *values* (monotone offsets, row indices ``< R``) are not checke
 would need a host sync; the Triton kernel masks out-of-range rows and positions so malformed
 values never write out of bounds, while the torch reference raises on them.
 
+The plain-torch twin is :func:`.scatter_req_token_ids_ref.scatter_req_token_ids_torch_reference`
+(same keyword signature and contract).
+
 Launch: one program per ``BLOCK`` tokens of ``flat_in`` (plus enough programs to cover ``bs``
 rows for ``history_lens_out``); tokens find their rows by searching ``offsets`` (see the
 kernel). So the grid depends only on ``T`` and ``bs``, the work is balanced however lengths are
@@ -42,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+from sglang.jit_kernel.kv_canary.kernel_inputs import check_scatter_inputs
 
 # Tokens (and rows, for history_lens_out) per program. On an H200, among {256..2048} x {2, 4, 8}
 # warps, 512 x 4 is within 10% of the best at 2M tokens in long or short rows (16.9 us for
@@ -175,7 +180,7 @@ def launch_scatter_req_token_ids_kernel(
     No host sync, no allocation; on the current stream of ``pool_out``'s device. Graph safety:
     capturable only for a fixed ``T`` (the grid follows it), so call it outside CUDA graphs.
     """
-    batch_size, num_tokens = _check_contract(
+    batch_size, num_tokens = check_scatter_inputs(
         flat_in=flat_in,
         offsets=offsets,
         req_pool_indices=req_pool_indices,
@@ -216,105 +221,3 @@ def launch_scatter_req_token_ids_kernel(
 
 
 _INTERPRETED = isinstance(_scatter_req_token_ids_kernel, InterpretedFunction)
-
-
-def scatter_req_token_ids_torch_reference(
-    *,
-    flat_in: torch.Tensor,
-    offsets: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    pool_out: torch.Tensor,
-    history_lens: torch.Tensor | None = None,
-    history_lens_out: torch.Tensor | None = None,
-) -> None:
-    """Plain-torch twin of :func:`launch_scatter_req_token_ids_kernel` (same contract).
-
-    For tests and CPU self-checks: it reads tensor values on the host (syncs) and raises
-    ``RuntimeError``/``IndexError`` on malformed values where the kernel would mask them.
-    """
-    batch_size, num_tokens = _check_contract(
-        flat_in=flat_in,
-        offsets=offsets,
-        req_pool_indices=req_pool_indices,
-        pool_out=pool_out,
-        history_lens=history_lens,
-        history_lens_out=history_lens_out,
-    )
-    if batch_size == 0:
-        return
-    counts = offsets[1:] - offsets[:-1]
-    if int(offsets[0]) != 0 or int(offsets[-1]) != num_tokens or bool((counts < 0).any()):
-        raise RuntimeError(
-            f"offsets must rise monotonically from 0 to flat_in.shape[0]={num_tokens}; got "
-            f"offsets[0]={int(offsets[0])}, offsets[-1]={int(offsets[-1])}, "
-            f"min step {int(counts.min())}"
-        )
-    lens = history_lens if history_lens is not None else counts
-    if history_lens_out is not None:
-        history_lens_out[req_pool_indices] = lens
-    rows = torch.repeat_interleave(torch.arange(batch_size, device=flat_in.device), counts)
-    token_index = torch.arange(num_tokens, dtype=torch.int64, device=flat_in.device)
-    positions = token_index - offsets[rows] + (lens - counts)[rows]
-    keep = (positions >= 0) & (positions < pool_out.shape[1])
-    pool_out[req_pool_indices[rows][keep], positions[keep]] = flat_in[keep].to(torch.int32)
-
-
-def _check_contract(
-    *,
-    flat_in: torch.Tensor,
-    offsets: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    pool_out: torch.Tensor,
-    history_lens: torch.Tensor | None,
-    history_lens_out: torch.Tensor | None,
-) -> tuple[int, int]:
-    """Validate types, dtypes, shapes, layouts and devices; return ``(bs, T)``."""
-    named = {
-        "flat_in": (flat_in, torch.int64),
-        "offsets": (offsets, torch.int64),
-        "req_pool_indices": (req_pool_indices, torch.int64),
-        "pool_out": (pool_out, torch.int32),
-        "history_lens": (history_lens, torch.int64),
-        "history_lens_out": (history_lens_out, torch.int64),
-    }
-    optional = {"history_lens", "history_lens_out"}
-    for name, (tensor, dtype) in named.items():
-        if tensor is None and name in optional:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of dtype {dtype}, got {type(tensor)}")
-        if tensor.dtype != dtype:
-            raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
-        expected_dims = 2 if name == "pool_out" else 1
-        if tensor.dim() != expected_dims:
-            raise ValueError(
-                f"{name} must be {expected_dims}-D, got shape {tuple(tensor.shape)}"
-            )
-        if expected_dims == 1 and not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
-        if tensor.device != pool_out.device:
-            raise ValueError(
-                f"{name} is on {tensor.device} but pool_out is on {pool_out.device}; "
-                "every tensor must be on pool_out's device"
-            )
-    batch_size = req_pool_indices.shape[0]
-    num_tokens = flat_in.shape[0]
-    if offsets.shape[0] != batch_size + 1:
-        raise ValueError(
-            f"offsets must have shape [bs + 1] = [{batch_size + 1}] for "
-            f"req_pool_indices of shape [{batch_size}], got {tuple(offsets.shape)}"
-        )
-    if batch_size == 0 and num_tokens != 0:
-        raise ValueError(
-            f"flat_in has {num_tokens} tokens but req_pool_indices is empty (no row owns them)"
-        )
-    if history_lens is not None and history_lens.shape[0] != batch_size:
-        raise ValueError(
-            f"history_lens must have shape [bs] = [{batch_size}], got {tuple(history_lens.shape)}"
-        )
-    if history_lens_out is not None and history_lens_out.shape[0] != pool_out.shape[0]:
-        raise ValueError(
-            f"history_lens_out must have shape [R] = [{pool_out.shape[0]}] (pool_out's rows), "
-            f"got {tuple(history_lens_out.shape)}"
-        )
-    return batch_size, num_tokens

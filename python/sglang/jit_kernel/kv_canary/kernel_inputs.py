@@ -1,0 +1,468 @@
+"""What the canary launches read and write: validated frozen value types.
+
+- :class:`CanaryDeviceState` (one per KV pool): records, ``req_to_token``, violation ring,
+  counters, per-request owner chains and the optional :class:`RealDataSources`.
+- :class:`CanaryBatchView` (one per forward): views of the ForwardBatch tensors.
+- :class:`SweepEntries` (one per sweep): the slots to check and what they must hold.
+- :func:`check_scatter_inputs`: the input contract of the token-history scatter.
+
+Construction validates types, dtypes, shapes, layouts and devices from tensor attributes only
+(no host-device synchronization, no allocation) and raises ``TypeError`` (type, dtype) or
+``ValueError`` (shape, layout, device, value) naming the class and field, so a bad tensor fails
+loudly at capture time or in the first eager forward instead of being read as garbage inside a
+kernel. Tensor *values* are never checked here: the kernels mask every index they read, so a
+corrupt index becomes a reported violation, never a memory fault.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from sglang.jit_kernel.kv_canary.consts import (
+    MAX_REAL_DATA_SOURCES,
+    NUM_COUNTERS,
+    RECORD_FIELDS,
+    RING_ROW_FIELDS,
+)
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class BatchLayout(enum.IntEnum):
+    """How a forward's tokens map to its batch rows."""
+
+    DECODE = 0  # one token per row: token b = row b; prefix length = seq_lens[b] - 1
+    EXTEND = 1  # row b writes tokens [extend_start_loc[b], + extend_seq_lens[b]); prefix length
+    # = extend_prefix_lens[b] (prefill, chunked prefill, mixed batches)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RealDataSources:
+    """The real K/V bytes a slot's fingerprint folds (see :mod:`.hashing`).
+
+    ``sources``: 1 to ``MAX_REAL_DATA_SOURCES`` int64 word views ``[num_kv_rows,
+    words_per_row]`` of live KV buffers (views, never copies: the fingerprint must read the live
+    bytes), row = slot. Each row's words are contiguous; the row stride is arbitrary; sources may
+    differ in ``words_per_row`` and ``num_kv_rows``. In SGLang: K and V of the first and of the
+    last layer. ``partial``: fold 2 words (16 bytes) per source, rotating over the row with the
+    slot (needs ``words_per_row >= 2``); otherwise fold every word.
+    """
+
+    sources: tuple[torch.Tensor, ...]
+    partial: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sources, tuple):
+            raise TypeError(
+                f"RealDataSources.sources must be a tuple of tensors, got {type(self.sources)}"
+            )
+        if not 1 <= len(self.sources) <= MAX_REAL_DATA_SOURCES:
+            raise ValueError(
+                f"RealDataSources.sources must hold 1 to {MAX_REAL_DATA_SOURCES} tensors, got "
+                f"{len(self.sources)}"
+            )
+        if not isinstance(self.partial, bool):
+            raise TypeError(f"RealDataSources.partial must be a bool, got {self.partial!r}")
+        for index, words in enumerate(self.sources):
+            name = f"sources[{index}]"
+            _check_matrix(self, name, words, torch.int64)
+            if words.shape[1] < 1:
+                raise ValueError(f"RealDataSources.{name} has no words per row")
+            if self.partial and words.shape[1] < 2:
+                raise ValueError(
+                    f"RealDataSources.{name}: partial fingerprints need words_per_row >= 2, got "
+                    f"{words.shape[1]}"
+                )
+            if words.device != self.sources[0].device:
+                raise ValueError(
+                    f"RealDataSources.{name} is on {words.device}, expected "
+                    f"{self.sources[0].device} (all sources on one device)"
+                )
+
+    @property
+    def device(self) -> torch.device:
+        return self.sources[0].device
+
+    @property
+    def words_per_row(self) -> tuple[int, ...]:
+        return tuple(words.shape[1] for words in self.sources)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CanaryDeviceState:
+    """Preallocated once per KV pool; every tensor on the pool's device.
+
+    - ``records``: int64 ``[num_slots, RECORD_FIELDS]``, contiguous, row = KV-pool slot (layout
+      in :mod:`.consts`).
+    - ``req_to_token``: SGLang's int32 ``[R, L]`` (not a copy); rows contiguous.
+    - ``ring``: int64 ``[capacity >= 1, RING_ROW_FIELDS]``, contiguous.
+    - ``counters``: int64 ``[NUM_COUNTERS]``.
+    - ``owner_chains``: int64 ``[R]``, one per ``req_to_token`` row: the chain value the row's
+      next token must be seeded with (``chain_after`` of the request's cached history); 0 means
+      unknown (the next forward adopts its own seed). The pre launch advances it.
+    - ``real_data``: the fingerprinted KV bytes, or None (real data off).
+    """
+
+    records: torch.Tensor
+    req_to_token: torch.Tensor
+    ring: torch.Tensor
+    counters: torch.Tensor
+    owner_chains: torch.Tensor
+    real_data: RealDataSources | None = None
+
+    def __post_init__(self) -> None:
+        records = _matrix(self, "records", torch.int64, contiguous=True)
+        if records.shape[1] != RECORD_FIELDS:
+            raise ValueError(
+                f"CanaryDeviceState.records must be [num_slots, {RECORD_FIELDS}], "
+                f"got {tuple(records.shape)}"
+            )
+        table = _matrix(self, "req_to_token", torch.int32)
+        ring = _matrix(self, "ring", torch.int64, contiguous=True)
+        if ring.shape[0] < 1 or ring.shape[1] != RING_ROW_FIELDS:
+            raise ValueError(
+                f"CanaryDeviceState.ring must be [capacity >= 1, {RING_ROW_FIELDS}], "
+                f"got {tuple(ring.shape)}"
+            )
+        _vector(self, "counters", (torch.int64,), length=NUM_COUNTERS)
+        _vector(self, "owner_chains", (torch.int64,), length=table.shape[0])
+        if self.real_data is not None and not isinstance(self.real_data, RealDataSources):
+            raise TypeError(
+                f"CanaryDeviceState.real_data must be RealDataSources or None, got "
+                f"{type(self.real_data).__name__}"
+            )
+        _same_device(self, records.device)
+        if self.real_data is not None and self.real_data.device != records.device:
+            raise ValueError(
+                f"CanaryDeviceState.real_data is on {self.real_data.device}, expected "
+                f"{records.device} (all tensors on one device)"
+            )
+
+    @classmethod
+    def zeros(
+        cls,
+        *,
+        num_slots: int,
+        req_to_token: torch.Tensor,
+        ring_capacity: int,
+        real_data: RealDataSources | None = None,
+    ) -> CanaryDeviceState:
+        """Zeroed records, ring, counters and owner chains on ``req_to_token``'s device.
+
+        Allocates ``num_slots * RECORD_BYTES + ring_capacity * RING_ROW_FIELDS * 8 +
+        NUM_COUNTERS * 8 + R * 8`` bytes once; the launches never allocate. A zero record never
+        verifies (its stamp is 0 and its chain is not ``CHAIN_ANCHOR``).
+        """
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        if ring_capacity < 1:
+            raise ValueError(f"ring_capacity must be >= 1, got {ring_capacity}")
+        device = req_to_token.device
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.int64, device=device)
+
+        return cls(
+            records=zeros(num_slots, RECORD_FIELDS),
+            req_to_token=req_to_token,
+            ring=zeros(ring_capacity, RING_ROW_FIELDS),
+            counters=zeros(NUM_COUNTERS),
+            owner_chains=zeros(req_to_token.shape[0]),
+            real_data=real_data,
+        )
+
+    @property
+    def num_slots(self) -> int:
+        return self.records.shape[0]
+
+    @property
+    def ring_capacity(self) -> int:
+        return self.ring.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.records.device
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CanaryBatchView:
+    """Device tensors of one forward: views of ForwardBatch fields, never copies.
+
+    Integer tensors are int32 or int64 (the kernels load either), one-dimensional and
+    contiguous, unless a field says otherwise. ``bs = req_pool_indices.shape[0]``;
+    ``num_tokens = input_ids.shape[0]`` (``== bs`` for ``DECODE``).
+
+    A row with ``req_pool_indices[b] == 0`` is padding and is skipped entirely. ``extend_*``
+    are given for ``EXTEND`` and only then.
+
+    Optional checks (None = off):
+
+    - ``expected_input_ids`` / ``expected_positions``: int64 ``[num_tokens]``, the expected
+      input token / position of every token (write-input assert); ``NO_EXPECTED_TOKEN`` (-1)
+      in an entry means no expectation for that token.
+    - ``token_history`` / ``token_history_lens`` (both or neither): int32 ``[R_h, L_h]`` (rows
+      contiguous) and int64 ``[R_h]``, the known token of (request pool row, position);
+      positions ``>= token_history_lens[row]`` are unknown. Indexed by *pool row*
+      (``req_pool_indices[b]``), so persistent tensors serve every forward, graph replays too.
+      With ``verify_token`` every verified slot's token is compared with it; it is also the
+      write-input assert's fallback where ``expected_input_ids`` has no expectation.
+    - ``host_seq_lens``: int64 ``[bs]``, on the device: the scheduler's host mirror of
+      ``seq_lens`` (copied in before the forward); every live row must agree with ``seq_lens``.
+    """
+
+    layout: BatchLayout
+    req_pool_indices: torch.Tensor  # [bs]
+    seq_lens: torch.Tensor  # [bs]
+    extend_prefix_lens: torch.Tensor | None  # [bs] EXTEND only
+    extend_seq_lens: torch.Tensor | None  # [bs] EXTEND only
+    extend_start_loc: torch.Tensor | None  # [bs] EXTEND only
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    out_cache_loc: torch.Tensor  # [num_tokens]: the slot each token's K/V is written to
+    expected_input_ids: torch.Tensor | None = None  # int64 [num_tokens]
+    expected_positions: torch.Tensor | None = None  # int64 [num_tokens]
+    token_history: torch.Tensor | None = None  # int32 [R_h, L_h]
+    token_history_lens: torch.Tensor | None = None  # int64 [R_h]
+    verify_token: bool = True
+    host_seq_lens: torch.Tensor | None = None  # int64 [bs]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, BatchLayout):
+            raise TypeError(f"CanaryBatchView.layout must be a BatchLayout, got {self.layout!r}")
+        bs = _vector(self, "req_pool_indices", _INDEX_DTYPES).shape[0]
+        _vector(self, "seq_lens", _INDEX_DTYPES, length=bs)
+        extend_fields = ("extend_prefix_lens", "extend_seq_lens", "extend_start_loc")
+        if self.layout is BatchLayout.EXTEND:
+            for name in extend_fields:
+                _vector(self, name, _INDEX_DTYPES, length=bs)
+        else:
+            given = [name for name in extend_fields if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"CanaryBatchView: layout DECODE takes no extend tensors, got {given}"
+                )
+        num_tokens = _vector(self, "input_ids", _INDEX_DTYPES).shape[0]
+        if self.layout is BatchLayout.DECODE and num_tokens != bs:
+            raise ValueError(
+                f"CanaryBatchView.input_ids: layout DECODE needs one token per row "
+                f"(bs={bs}), got {num_tokens} tokens"
+            )
+        _vector(self, "positions", _INDEX_DTYPES, length=num_tokens)
+        _vector(self, "out_cache_loc", _INDEX_DTYPES, length=num_tokens)
+        for name in ("expected_input_ids", "expected_positions"):
+            if getattr(self, name) is not None:
+                _vector(self, name, (torch.int64,), length=num_tokens)
+        has_history = self.token_history is not None
+        if has_history != (self.token_history_lens is not None):
+            raise ValueError(
+                "CanaryBatchView: token_history and token_history_lens are given together or "
+                f"not at all (token_history given: {has_history})"
+            )
+        if has_history:
+            history = _matrix(self, "token_history", torch.int32)
+            _vector(self, "token_history_lens", (torch.int64,), length=history.shape[0])
+        if not isinstance(self.verify_token, bool):
+            raise TypeError(
+                f"CanaryBatchView.verify_token must be a bool, got {self.verify_token!r}"
+            )
+        if self.host_seq_lens is not None:
+            _vector(self, "host_seq_lens", (torch.int64,), length=bs)
+        _same_device(self, self.req_pool_indices.device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.req_pool_indices.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.req_pool_indices.device
+
+    @property
+    def verifies_tokens(self) -> bool:
+        """Whether verified slots are compared with the token history."""
+        return self.token_history is not None and self.verify_token
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepEntries:
+    """Slots a sweep checks, one entry each (int64 ``[n]`` tensors, contiguous, one device).
+
+    - ``slots``: the slot to check (0: reported as unmapped).
+    - ``prev_slots``: the slot of the previous position of the same history; -1 for position 0
+      (the chain must equal ``CHAIN_ANCHOR``); 0 when unknown (the chain is not checked).
+    - ``positions``: the position the slot must hold.
+    - ``tokens``: the token the slot must hold, or ``NO_EXPECTED_TOKEN`` (not checked).
+    """
+
+    slots: torch.Tensor
+    prev_slots: torch.Tensor
+    positions: torch.Tensor
+    tokens: torch.Tensor
+
+    def __post_init__(self) -> None:
+        count = _vector(self, "slots", (torch.int64,)).shape[0]
+        for name in ("prev_slots", "positions", "tokens"):
+            _vector(self, name, (torch.int64,), length=count)
+        _same_device(self, self.slots.device)
+
+    @property
+    def count(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.slots.device
+
+
+def check_same_device(*, state: CanaryDeviceState, device: torch.device, what: str) -> None:
+    """Raise ``ValueError`` unless ``device`` (of the launch input ``what``) is the state's."""
+    if device != state.device:
+        raise ValueError(f"{what} is on {device} but CanaryDeviceState is on {state.device}")
+
+
+# ----------------------------------------------------------------------------- token history
+
+
+def check_scatter_inputs(
+    *,
+    flat_in: torch.Tensor,
+    offsets: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    pool_out: torch.Tensor,
+    history_lens: torch.Tensor | None,
+    history_lens_out: torch.Tensor | None,
+) -> tuple[int, int]:
+    """Validate the inputs of the token-history scatter (its Triton launch and torch reference;
+    contract in :mod:`.scatter_req_token_ids`): types, dtypes, shapes, layouts and devices, no
+    values. Return ``(bs, T)``.
+
+    Raises:
+        TypeError: a tensor is missing or of the wrong dtype (names the argument).
+        ValueError: a shape, layout or device is wrong (names the argument).
+    """
+    named = {
+        "flat_in": (flat_in, torch.int64),
+        "offsets": (offsets, torch.int64),
+        "req_pool_indices": (req_pool_indices, torch.int64),
+        "pool_out": (pool_out, torch.int32),
+        "history_lens": (history_lens, torch.int64),
+        "history_lens_out": (history_lens_out, torch.int64),
+    }
+    optional = {"history_lens", "history_lens_out"}
+    for name, (tensor, dtype) in named.items():
+        if tensor is None and name in optional:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of dtype {dtype}, got {type(tensor)}")
+        if tensor.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
+        expected_dims = 2 if name == "pool_out" else 1
+        if tensor.dim() != expected_dims:
+            raise ValueError(
+                f"{name} must be {expected_dims}-D, got shape {tuple(tensor.shape)}"
+            )
+        if expected_dims == 1 and not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
+        if tensor.device != pool_out.device:
+            raise ValueError(
+                f"{name} is on {tensor.device} but pool_out is on {pool_out.device}; "
+                "every tensor must be on pool_out's device"
+            )
+    batch_size = req_pool_indices.shape[0]
+    num_tokens = flat_in.shape[0]
+    if offsets.shape[0] != batch_size + 1:
+        raise ValueError(
+            f"offsets must have shape [bs + 1] = [{batch_size + 1}] for "
+            f"req_pool_indices of shape [{batch_size}], got {tuple(offsets.shape)}"
+        )
+    if batch_size == 0 and num_tokens != 0:
+        raise ValueError(
+            f"flat_in has {num_tokens} tokens but req_pool_indices is empty (no row owns them)"
+        )
+    if history_lens is not None and history_lens.shape[0] != batch_size:
+        raise ValueError(
+            f"history_lens must have shape [bs] = [{batch_size}], got {tuple(history_lens.shape)}"
+        )
+    if history_lens_out is not None and history_lens_out.shape[0] != pool_out.shape[0]:
+        raise ValueError(
+            f"history_lens_out must have shape [R] = [{pool_out.shape[0]}] (pool_out's rows), "
+            f"got {tuple(history_lens_out.shape)}"
+        )
+    return batch_size, num_tokens
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _tensor(owner: object, name: str) -> torch.Tensor:
+    value = getattr(owner, name)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{type(owner).__name__}.{name} must be a torch.Tensor, got {value!r}")
+    return value
+
+
+def _check_dtype(owner: object, name: str, tensor: torch.Tensor, dtypes: tuple) -> None:
+    if tensor.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{type(owner).__name__}.{name} must be {allowed}, got {tensor.dtype}")
+
+
+def _vector(
+    owner: object, name: str, dtypes: tuple, *, length: int | None = None
+) -> torch.Tensor:
+    tensor = _tensor(owner, name)
+    _check_dtype(owner, name, tensor, dtypes)
+    if tensor.dim() != 1 or (length is not None and tensor.shape[0] != length):
+        expected = "[n]" if length is None else f"[{length}]"
+        raise ValueError(
+            f"{type(owner).__name__}.{name} must have shape {expected}, got {tuple(tensor.shape)}"
+        )
+    if tensor.shape[0] > 1 and tensor.stride(0) != 1:
+        raise ValueError(
+            f"{type(owner).__name__}.{name} must be contiguous, got stride {tensor.stride()}"
+        )
+    return tensor
+
+
+def _matrix(
+    owner: object, name: str, dtype: torch.dtype, *, contiguous: bool = False
+) -> torch.Tensor:
+    tensor = _tensor(owner, name)
+    _check_matrix(owner, name, tensor, dtype, contiguous=contiguous)
+    return tensor
+
+
+def _check_matrix(
+    owner: object, name: str, tensor: object, dtype: torch.dtype, *, contiguous: bool = False
+) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{type(owner).__name__}.{name} must be a torch.Tensor, got {tensor!r}")
+    _check_dtype(owner, name, tensor, (dtype,))
+    if tensor.dim() != 2:
+        raise ValueError(
+            f"{type(owner).__name__}.{name} must be two-dimensional, got {tuple(tensor.shape)}"
+        )
+    if contiguous and not tensor.is_contiguous():
+        raise ValueError(f"{type(owner).__name__}.{name} must be contiguous")
+    if not contiguous and tensor.shape[1] > 1 and tensor.stride(1) != 1:
+        raise ValueError(
+            f"{type(owner).__name__}.{name} rows must be contiguous, got strides "
+            f"{tensor.stride()}"
+        )
+
+
+def _same_device(owner: object, device: torch.device) -> None:
+    for name in owner.__slots__:  # type: ignore[attr-defined]
+        value = getattr(owner, name)
+        if isinstance(value, torch.Tensor) and value.device != device:
+            raise ValueError(
+                f"{type(owner).__name__}.{name} is on {value.device}, expected {device} "
+                "(all tensors on one device)"
+            )

@@ -1,0 +1,140 @@
+"""Plain-torch building blocks of the reference launches (``*_ref.py``): masked reads of
+``req_to_token``, records and the token history, fingerprints, and the ring append.
+
+These read values on the host (they synchronize): for the references, tests and CPU
+self-checks only, never for the forward path. Every read follows the kernels' masking rule:
+an index outside its tensor reads as zero (records: all fields zero), never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sglang.jit_kernel.kv_canary.consts import (
+    COUNTER_CONSUMED,
+    COUNTER_VIOLATIONS,
+    FIELD_CHAIN,
+    FIELD_FINGERPRINT,
+    FIELD_STAMP,
+    FIELD_TOKEN_POSITION,
+    TOKEN_MASK,
+    unpack_position,
+    unpack_token,
+)
+from sglang.jit_kernel.kv_canary.hashing import (
+    chain_term_torch,
+    slot_fingerprints_torch,
+    to_signed_i64,
+)
+from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryBatchView, CanaryDeviceState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Records:
+    """Decoded records of a vector of slots (int64 ``[n]`` each; zeros outside the table)."""
+
+    token: torch.Tensor  # low 32 bits, non-negative
+    position: torch.Tensor
+    chain: torch.Tensor
+    fingerprint: torch.Tensor
+    stamp: torch.Tensor
+
+    def successor_chain(self) -> torch.Tensor:
+        """``chain + chain_term(token, position)``: the chain value of the next position."""
+        return self.chain + chain_term_torch(self.token, self.position)
+
+
+def req_to_token(state: CanaryDeviceState, rp: int, positions: torch.Tensor) -> torch.Tensor:
+    """int64 ``req_to_token[rp, positions]``; 0 outside the tensor."""
+    table = state.req_to_token
+    positions = positions.to(device=table.device, dtype=torch.int64)
+    if not 0 <= rp < table.shape[0] or table.shape[1] == 0:
+        return torch.zeros_like(positions)
+    inside = (positions >= 0) & (positions < table.shape[1])
+    slots = table[rp, positions.clamp(0, table.shape[1] - 1)].to(torch.int64)
+    return torch.where(inside, slots, 0)
+
+
+def read_records(state: CanaryDeviceState, slots: torch.Tensor) -> Records:
+    """Records of ``slots`` (int64 ``[n]``); all fields zero outside ``[0, num_slots)``."""
+    inside = (slots >= 0) & (slots < state.num_slots)
+    rows = state.records[slots.clamp(0, state.num_slots - 1)]
+    rows = torch.where(inside[:, None], rows, 0)
+    packed = rows[:, FIELD_TOKEN_POSITION]
+    return Records(
+        token=unpack_token(packed),
+        position=unpack_position(packed),
+        chain=rows[:, FIELD_CHAIN],
+        fingerprint=rows[:, FIELD_FINGERPRINT],
+        stamp=rows[:, FIELD_STAMP],
+    )
+
+
+def fingerprints(state: CanaryDeviceState, slots: torch.Tensor) -> torch.Tensor:
+    """int64 ``[n]`` fingerprints of the live KV bytes of ``slots`` (real data must be on)."""
+    real_data = state.real_data
+    assert real_data is not None
+    return slot_fingerprints_torch(
+        slots=slots, sources=real_data.sources, partial=real_data.partial
+    )
+
+
+def history_tokens(
+    batch: CanaryBatchView, rp: int, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, known)``: the history's token (low 32 bits; 0 where unknown) at ``positions``
+    of pool row ``rp``, and whether ``0 <= position < known_len(rp)``, where ``known_len(rp)`` is
+    ``token_history_lens[rp]`` clipped to the history's width (0 for a row outside it)."""
+    history = batch.token_history
+    assert history is not None and batch.token_history_lens is not None
+    rows, width = history.shape
+    known_len = min(int(batch.token_history_lens[rp]), width) if 0 <= rp < rows else 0
+    known = (positions >= 0) & (positions < known_len)
+    if known_len <= 0:
+        return torch.zeros_like(positions), known
+    tokens = history[rp, positions.clamp(0, width - 1)].to(torch.int64) & TOKEN_MASK
+    return torch.where(known, tokens, 0), known
+
+
+def owner_chain(state: CanaryDeviceState, rp: int) -> int:
+    """``owner_chains[rp]``; 0 (unknown) for a row outside the tensor."""
+    if 0 <= rp < state.owner_chains.shape[0]:
+        return int(state.owner_chains[rp])
+    return 0
+
+
+def append_rows(*, state: CanaryDeviceState, rows: Sequence[Sequence[int]]) -> None:
+    """Append violation rows: row ``n`` (counting from ``counters[COUNTER_VIOLATIONS]``) goes to
+    ``ring[n % capacity]`` if ``n - counters[COUNTER_CONSUMED] < capacity``, else it is dropped;
+    ``counters[COUNTER_VIOLATIONS]`` grows by ``len(rows)`` either way."""
+    base = int(state.counters[COUNTER_VIOLATIONS])
+    consumed = int(state.counters[COUNTER_CONSUMED])
+    capacity = state.ring_capacity
+    for offset, row in enumerate(rows):
+        index = base + offset
+        if index - consumed < capacity:
+            state.ring[index % capacity] = torch.tensor(
+                [to_signed_i64(int(value)) for value in row], dtype=torch.int64,
+                device=state.device,
+            )
+    add_counter(state, COUNTER_VIOLATIONS, len(rows))
+
+
+def add_counter(state: CanaryDeviceState, index: int, amount: int) -> None:
+    state.counters[index] += amount
+
+
+def failing_rows(
+    *, reasons: torch.Tensor, columns: Sequence[torch.Tensor | int]
+) -> list[list[int]]:
+    """Violation rows of the lanes with ``reasons != 0``: each row lists ``columns`` (tensors
+    ``[n]`` indexed per lane, or ints repeated), in ring-row order."""
+    rows = []
+    for lane in torch.nonzero(reasons).flatten().tolist():
+        rows.append(
+            [int(c[lane]) if isinstance(c, torch.Tensor) else int(c) for c in columns]
+        )
+    return rows
