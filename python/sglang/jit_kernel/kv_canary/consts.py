@@ -26,8 +26,10 @@ Violation ring (``ring``: int64 ``[capacity, RING_ROW_FIELDS]``) and counters (i
 ``[NUM_COUNTERS]``). A launch that finds violations reserves violation indices ``n`` by an atomic
 add on ``counters[COUNTER_VIOLATIONS]`` (ever-growing: the number of violation rows ever
 produced). Row ``n`` is stored at ``ring[n % capacity]`` if ``n - counters[COUNTER_CONSUMED] <
-capacity``, else it is dropped (it is still counted). ``COUNTER_CONSUMED`` is written only by the
-host: how many violation indices it has handled, which frees their ring rows for reuse.
+capacity``, else it is dropped (it is still counted); a stored row carries ``n`` in ``ROW_INDEX``, so
+the host can tell a stored row from a slot still holding an older one. ``COUNTER_CONSUMED`` is
+written only by the host: how many violation indices it has handled, which frees their ring rows
+for reuse.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ REASON_LABELS: dict[Reason, str] = {
 }
 
 # ----------------------------------------------------------------------------- violation ring
-RING_ROW_FIELDS = 10
+RING_ROW_FIELDS = 11
 ROW_CHECK = 0  # CheckKind
 ROW_REASONS = 1  # Reason bits
 ROW_REQ_POOL_INDEX = 2  # 0 for sweep rows
@@ -128,6 +130,7 @@ ROW_EXPECTED_TOKEN = 6  # the token expectation, or NO_EXPECTED_TOKEN
 ROW_STORED_CHAIN = 7  # verify: the record's chain; write: the forward's position
 ROW_EXPECTED_CHAIN = 8  # verify: the expected chain; write: the expected position
 ROW_STEP = 9  # the step index of the forward (sweep: counters[COUNTER_STEP])
+ROW_INDEX = 10  # the row's violation index n (the host tells stored rows from dropped ones)
 
 # ----------------------------------------------------------------------------- counters
 COUNTER_VIOLATIONS = 0  # violation indices ever reserved (device)

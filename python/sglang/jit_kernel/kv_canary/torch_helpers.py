@@ -108,8 +108,9 @@ def owner_chain(state: CanaryDeviceState, rp: int) -> int:
 
 def append_rows(*, state: CanaryDeviceState, rows: Sequence[Sequence[int]]) -> None:
     """Append violation rows: row ``n`` (counting from ``counters[COUNTER_VIOLATIONS]``) goes to
-    ``ring[n % capacity]`` if ``n - counters[COUNTER_CONSUMED] < capacity``, else it is dropped;
-    ``counters[COUNTER_VIOLATIONS]`` grows by ``len(rows)`` either way."""
+    ``ring[n % capacity]`` (with ``n`` in its ``ROW_INDEX`` field) if ``n -
+    counters[COUNTER_CONSUMED] < capacity``, else it is dropped; ``counters[COUNTER_VIOLATIONS]``
+    grows by ``len(rows)`` either way. ``rows`` hold every field but ``ROW_INDEX``."""
     base = int(state.counters[COUNTER_VIOLATIONS])
     consumed = int(state.counters[COUNTER_CONSUMED])
     capacity = state.ring_capacity
@@ -117,7 +118,7 @@ def append_rows(*, state: CanaryDeviceState, rows: Sequence[Sequence[int]]) -> N
         index = base + offset
         if index - consumed < capacity:
             state.ring[index % capacity] = torch.tensor(
-                [to_signed_i64(int(value)) for value in row], dtype=torch.int64,
+                [to_signed_i64(int(value)) for value in row] + [index], dtype=torch.int64,
                 device=state.device,
             )
     add_counter(state, COUNTER_VIOLATIONS, len(rows))

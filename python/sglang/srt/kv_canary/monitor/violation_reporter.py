@@ -11,10 +11,12 @@ device write, no sync), which frees those ring rows for reuse: the ring never st
 A row whose slot holds another index was dropped (the ring was full of unread rows); drops are
 counted and reported, never mistaken for rows.
 
-Log mode de-duplicates: the first row of each ``(check, slot, reasons)`` is logged in full; later
-rows of the same key are counted, and one summary line per report says how many repeats were
-suppressed, so one persistent bad slot cannot flood the log or hide a new, different corruption.
-Raise mode raises at the first new row (no de-duplication).
+Log mode de-duplicates persisting corruption: a row is logged in full unless the same ``(check,
+req_pool_idx, slot, position, reasons)`` was also reported by the previous forward step or this
+one (then it is the same corruption still there, and it is counted instead). A corruption that goes away and comes back
+is printed again. A summary line says how many repeats were suppressed (at most once per
+:data:`REPEAT_SUMMARY_EVERY` reports), so one persistent bad slot cannot flood the log or hide a
+new, different corruption. Raise mode raises at the first new row (no de-duplication).
 """
 
 from __future__ import annotations
@@ -32,14 +34,15 @@ logger = logging.getLogger(__name__)
 
 RING_OVERFLOW_PREFIX = "kv_canary ring overflow:"
 REPEATS_PREFIX = "kv_canary violation repeats:"
-MAX_TRACKED_KEYS = 1 << 16  # (check, slot, reasons) keys remembered for de-duplication (LRU)
+MAX_TRACKED_KEYS = 1 << 16  # row keys remembered for de-duplication (LRU)
+REPEAT_SUMMARY_EVERY = 100  # reports between two "repeats suppressed" lines
 
-_Key = tuple[int, int, int]
+_Key = tuple[int, int, int, int, int]
 
 
 class ViolationReporter:
-    """Reports each violation once: WARNING lines in ``log`` mode (repeats of an already
-    reported ``(check, slot, reasons)`` summarized), an exception in ``raise`` mode.
+    """Reports each violation: WARNING lines in ``log`` mode (a corruption still present one
+    step later is summarized, not printed again), an exception in ``raise`` mode.
 
     Args:
         ring: the device ring, int64 ``[capacity, RING_ROW_FIELDS]``.
@@ -55,7 +58,9 @@ class ViolationReporter:
         self._mode = mode
         self._capacity = ring.shape[0]
         self._handled = 0  # violation indices handled (read or found dropped)
-        self._seen: OrderedDict[_Key, int] = OrderedDict()  # key -> rows seen
+        self._last_step: OrderedDict[_Key, int] = OrderedDict()  # key -> step it was last seen
+        self._reports = 0
+        self._summarized = 0
         self.rows_reported = 0
         self.rows_suppressed = 0
         self.rows_dropped = 0
@@ -92,11 +97,13 @@ class ViolationReporter:
             logger.warning(row.to_line())
         self.rows_reported += len(new_rows)
         self.rows_suppressed += repeats
-        if repeats:
+        self._reports += 1
+        unsummarized = self.rows_suppressed - self._summarized
+        if unsummarized and (self._summarized == 0 or self._reports % REPEAT_SUMMARY_EVERY == 0):
+            self._summarized = self.rows_suppressed
             logger.warning(
-                f"{REPEATS_PREFIX} {repeats} row(s) repeating an already reported (check, slot, "
-                f"reasons) were not printed ({self.rows_suppressed} suppressed in total, "
-                f"{len(self._seen)} distinct keys)"
+                f"{REPEATS_PREFIX} {unsummarized} row(s) of corruption already reported and still "
+                f"present were not printed again ({self.rows_suppressed} suppressed in total)"
             )
         if drop_line:
             logger.warning(drop_line)
@@ -121,16 +128,17 @@ class ViolationReporter:
         ]
 
     def _split_repeats(self, rows: list[ViolationRow]) -> tuple[list[ViolationRow], int]:
+        """Rows to print, and how many rows continue a corruption reported one step earlier."""
         new_rows: list[ViolationRow] = []
         repeats = 0
         for row in rows:
-            key = (int(row.check), row.slot, row.reasons)
-            count = self._seen.pop(key, 0)
-            self._seen[key] = count + 1
-            if count:
+            key = (int(row.check), row.req_pool_idx, row.slot, row.position, row.reasons)
+            last = self._last_step.pop(key, None)
+            self._last_step[key] = row.step
+            if last is not None and 0 <= row.step - last <= 1:
                 repeats += 1
             else:
                 new_rows.append(row)
-        while len(self._seen) > MAX_TRACKED_KEYS:
-            self._seen.popitem(last=False)
+        while len(self._last_step) > MAX_TRACKED_KEYS:
+            self._last_step.popitem(last=False)
         return new_rows, repeats

@@ -454,7 +454,7 @@ class CanaryRunner:
         if live:
             self._upload(forward_batch)
         faults = (
-            self._injector.inject(forward_batch=forward_batch, step=self._steps)
+            self._injector.before_forward(forward_batch=forward_batch, step=self._steps)
             if live and self._injector is not None
             else []
         )

@@ -62,7 +62,8 @@ class Scenario:
     # any later step, for a fault that shows when its token is consumed).
     max_detection_delay: int | None = 0
     must_also_report: int = 0  # reason bits that must show in some row (later detections)
-    expect_silent_faults: bool = False  # faults injected but nothing can see them
+    expect_silent_faults: bool = False  # faults injected but no check may catch them at once
+    may_report: int = 0  # silent scenarios: reason bits later rows may still carry
     stop_canary: bool = False  # remove the model wrapper mid-run: the health check must fire
     foreign_token_prob: float = 0.0  # the sampler feeds a request another request's token
 
@@ -108,7 +109,7 @@ def _with_token_checks(config: CanaryConfig, *, write_input: bool) -> CanaryConf
 
 def default_scenarios() -> list[Scenario]:
     partial = _base_config(real_data=RealDataMode.PARTIAL)
-    position_or_chain = int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN)
+    position_or_chain = int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN | Reason.VERIFY_OWNER)
     return [
         Scenario(name="clean run, real_data=partial", config=partial),
         Scenario(name="clean run, real_data=all", config=_base_config(real_data=RealDataMode.ALL)),
@@ -145,7 +146,10 @@ def default_scenarios() -> list[Scenario]:
 
 def _token_check_scenarios(partial: CanaryConfig) -> list[Scenario]:
     token_checks = _with_token_checks(partial, write_input=True)
-    token_reasons = int(Reason.WRITE_TOKEN | Reason.VERIFY_TOKEN)
+    # A wrong token stored consistently is caught by the token checks; when its prefix is later
+    # reused by a new request (radix hit), the host's owner chain (from the true tokens) no
+    # longer matches the records either.
+    token_reasons = int(Reason.WRITE_TOKEN | Reason.VERIFY_TOKEN | Reason.VERIFY_OWNER)
     return [
         Scenario(name="clean run, verify_token + write_input", config=token_checks),
         Scenario(
@@ -164,6 +168,7 @@ def _token_check_scenarios(partial: CanaryConfig) -> list[Scenario]:
             name="input_ids fault, token checks off",
             config=_perturbed(partial, input_ids_prob=1.0),
             expect_silent_faults=True,
+            may_report=int(Reason.VERIFY_OWNER),
         ),
         Scenario(
             name="foreign next token, token checks",
@@ -331,13 +336,15 @@ def _judge_run(
 
 def _caught(scenario: Scenario, fault: re.Match[str], rows: list[ViolationRow]) -> bool:
     """A row of the fault's position, with a reason it must be detected with, from the fault's
-    step to ``max_detection_delay`` steps later."""
+    step to ``max_detection_delay`` steps later. (Log mode does not print a row again while the
+    same corruption is still present one step later: a fault repeated at the same position in
+    consecutive steps is caught by the first step's row.)"""
     step, position = int(fault["step"]), int(fault["position"])
     delay = scenario.max_detection_delay
     return any(
         row.position == position
         and row.reasons & scenario.must_detect
-        and step <= row.step
+        and step - 1 <= row.step
         and (delay is None or row.step <= step + delay)
         for row in rows
     )
@@ -350,8 +357,9 @@ def _judge_silent(
     faults: list[re.Match[str]],
     lines: list[str],
 ) -> tuple[bool, str]:
-    if rows:
-        return False, f"{len(rows)} violation(s) in a silent run, first: {rows[0].to_line()}"
+    stray = [row for row in rows if row.reasons & ~scenario.may_report]
+    if stray:
+        return False, f"{len(stray)} violation(s) in a silent run, first: {stray[0].to_line()}"
     if scenario.expect_silent_faults and not faults:
         return False, "no fault was injected"
     health = sum(line.startswith(HEALTH_OK_PREFIX) for line in lines)
@@ -359,9 +367,10 @@ def _judge_silent(
     if not health or not stats or int(stats[-1]["protected"]) == 0:
         return False, f"health checks passed: {health}, stats lines: {len(stats)}, or 0 protected"
     silent = f"{len(faults)} faults, " if scenario.expect_silent_faults else ""
+    later = f" ({len(rows)} later {format_reasons(_union(rows))})" if rows else ""
     return True, (
-        f"{silent}0 violations; health ok x{health}; protected {stats[-1]['protected']} "
-        f"tokens, {stats[-1]['written']} slots written"
+        f"{silent}0 violations at once{later}; health ok x{health}; protected "
+        f"{stats[-1]['protected']} tokens, {stats[-1]['written']} slots written"
     )
 
 
