@@ -21,16 +21,21 @@ import time
 
 import pytest
 
-from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
-from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
-from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
-from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
-from sglang.srt.kv_canary.monitor.violations import ViolationRow, find_violation_rows
+from _workloads import (
+    PERTURB,
+    assert_clean_canary_log,
+    assert_every_fault_caught,
+    concurrent_traffic,
+    faults_and_rows,
+    request,
+    tokens,
+)
+
+from sglang.jit_kernel.kv_canary.consts import Reason
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=900, suite="kv-canary-gpu")
 
-_FIRST_TOKEN_ID, _VOCAB = 5, 4096  # the tiny model's ordinary token ids
 _PAGE = 16
 _CHUNK = 256
 _GRAPH_ARGS = ("--page-size", str(_PAGE), "--chunked-prefill-size", str(_CHUNK),
@@ -43,24 +48,11 @@ _CANARY = {
     "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": "25",
     "SGLANG_KV_CANARY_HEALTH_CHECK_EVERY_N_STEPS": "25",
 }
-_PERTURB = {
-    "SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS": "30",
-    "SGLANG_KV_CANARY_PERTURB_SEED": "7",
-}
-_POSITION_OR_CHAIN = int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN)
-
-
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(_FIRST_TOKEN_ID, _VOCAB) for _ in range(n)]
-
-
-def _request(rid: str, input_ids: list[int], max_new_tokens: int) -> dict:
-    return {
-        "rid": rid,
-        "input_ids": input_ids,
-        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
-                            "ignore_eos": True},
-    }
+# A redirected prefix entry: its slot's record describes another position and history; at the
+# row's last prefix position the ownership check sees it too.
+_POSITION_CHAIN_OR_OWNER = int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN | Reason.VERIFY_OWNER)
+_tokens = tokens
+_request = request
 
 
 def _boundary_lengths(*, page: int, chunk: int) -> list[int]:
@@ -124,17 +116,6 @@ def _ignore_errors(call, payload) -> None:
         pass
 
 
-def _assert_clean_canary_log(log: str) -> None:
-    rows = find_violation_rows(log)
-    assert rows == [], "\n".join(r.to_line() for r in rows[:20])
-    assert "KV canary installed: records 32 B/slot" in log
-    assert "canary path is not executing" not in log
-    assert sum(HEALTH_OK_PREFIX in line for line in log.splitlines()) >= 2
-    stats = [m for m in map(STATS_LINE_RE.search, log.splitlines()) if m]
-    assert stats and int(stats[-1]["protected"]) > 0 and int(stats[-1]["written"]) > 0
-    assert int(stats[-1]["violations"]) == 0
-
-
 @pytest.mark.gpu
 def test_clean_mixed_workload_with_cuda_graphs_has_no_violation(canary_server) -> None:
     server = canary_server(env=_CANARY, args=_GRAPH_ARGS)
@@ -153,34 +134,14 @@ def test_clean_mixed_workload_without_cuda_graphs_has_no_violation(canary_server
     _assert_clean_canary_log(server.log_text())
 
 
-def _perturbation_traffic(server, *, rounds: int, seed: int = 5) -> None:
-    """Concurrent decoding requests with cached prefixes (two live rows with a prefix per batch)."""
-    rng = random.Random(seed)
-    for round_index in range(rounds):
-        payloads = [_request(f"p{round_index}-{i}", _tokens(rng, rng.randrange(20, 200)), 24)
-                    for i in range(8)]
-        server.generate_many(payloads, concurrency=8)
-
-
-def _faults_and_rows(log: str) -> tuple[list, list[ViolationRow]]:
-    faults = [m for m in map(PERTURB_LINE_RE.search, log.splitlines()) if m]
-    return faults, find_violation_rows(log)
-
-
-def _assert_every_fault_caught(faults, rows: list[ViolationRow], *, reason: Reason,
-                               allowed: int) -> None:
-    assert faults, "no fault was injected"
-    stray = [r for r in rows if r.reasons & ~allowed
-             or r.check not in (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY)]
-    assert not stray, "\n".join(r.to_line() for r in stray[:10])
-    for fault in faults:
-        assert any(r.step == int(fault["step"]) and r.position == int(fault["position"])
-                   and r.reasons & int(reason) for r in rows), fault.group(0)
+_perturbation_traffic = concurrent_traffic
+_faults_and_rows = faults_and_rows
+_assert_clean_canary_log = assert_clean_canary_log
 
 
 @pytest.mark.gpu
 def test_req_to_token_fault_is_logged_and_serving_goes_on(canary_server) -> None:
-    env = {**_CANARY, **_PERTURB, "SGLANG_KV_CANARY_MODE": "log",
+    env = {**_CANARY, **PERTURB, "SGLANG_KV_CANARY_MODE": "log",
            "SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB": "0.2"}
     server = canary_server(env=env, args=_GRAPH_ARGS)
     _perturbation_traffic(server, rounds=6)
@@ -189,13 +150,13 @@ def test_req_to_token_fault_is_logged_and_serving_goes_on(canary_server) -> None
     assert all(o["meta_info"]["completion_tokens"] == 16 for o in outputs)
     assert server.returncode is None
     faults, rows = _faults_and_rows(server.log_text())
-    _assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_POSITION,
-                               allowed=_POSITION_OR_CHAIN)
+    assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_POSITION,
+                              allowed=_POSITION_CHAIN_OR_OWNER)
 
 
 @pytest.mark.gpu
 def test_req_to_token_fault_stops_the_scheduler_in_raise_mode(canary_server) -> None:
-    env = {**_CANARY, **_PERTURB, "SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB": "0.5"}
+    env = {**_CANARY, **PERTURB, "SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB": "0.5"}
     server = canary_server(env=env, args=_GRAPH_ARGS)
     try:
         _perturbation_traffic(server, rounds=6)
@@ -208,24 +169,24 @@ def test_req_to_token_fault_stops_the_scheduler_in_raise_mode(canary_server) -> 
     assert rows, log[-4000:]
     first = int(faults[0]["step"])
     assert any(r.step == first and r.reasons & int(Reason.VERIFY_POSITION) for r in rows)
-    assert all(r.reasons & ~_POSITION_OR_CHAIN == 0 for r in rows)
+    assert all(r.reasons & ~_POSITION_CHAIN_OR_OWNER == 0 for r in rows)
 
 
 @pytest.mark.gpu
 def test_real_kv_used_fault_is_caught_by_the_real_data_check(canary_server) -> None:
-    env = {**_CANARY, **_PERTURB, "SGLANG_KV_CANARY_MODE": "log",
+    env = {**_CANARY, **PERTURB, "SGLANG_KV_CANARY_MODE": "log",
            "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "0.2"}
     server = canary_server(env=env, args=_GRAPH_ARGS)
     _perturbation_traffic(server, rounds=6)
     server.generate(_request("last", _tokens(random.Random(1), 30), 8))
     faults, rows = _faults_and_rows(server.log_text())
-    _assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_REAL_KV,
-                               allowed=int(Reason.VERIFY_REAL_KV))
+    assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_REAL_KV,
+                              allowed=int(Reason.VERIFY_REAL_KV))
 
 
 @pytest.mark.gpu
 def test_real_kv_used_fault_is_silent_without_real_data(canary_server) -> None:
-    env = {**_CANARY, **_PERTURB, "SGLANG_KV_CANARY_REAL_DATA": "none",
+    env = {**_CANARY, **PERTURB, "SGLANG_KV_CANARY_REAL_DATA": "none",
            "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "0.2"}
     server = canary_server(env=env, args=_GRAPH_ARGS)
     _perturbation_traffic(server, rounds=6)

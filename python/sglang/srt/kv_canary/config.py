@@ -57,6 +57,7 @@ class PerturbConfig:
     seed: int = 0
     next_token_swap_prob: float = 0.0
     req_to_token_prob: float = 0.0
+    foreign_prefix_prob: float = 0.0
     real_kv_used_prob: float = 0.0
     real_kv_unused_cache_prob: float = 0.0
     real_kv_post_forward_prob: float = 0.0
@@ -322,6 +323,9 @@ KNOBS: tuple[Knob, ...] = (
                  no_effect=_needs_oracle),
     _probability("PERTURB_REQ_TO_TOKEN_PROB",
                  "point a live request's req_to_token entry at another live request's slot"),
+    _probability("PERTURB_FOREIGN_PREFIX_PROB",
+                 "point a live request's whole prefix at another live request's (a consistent "
+                 "but foreign history: only the ownership check sees it)"),
     _probability("PERTURB_REAL_KV_USED_PROB", "flip a byte of a live slot's K/V"),
     _probability("PERTURB_REAL_KV_UNUSED_CACHE_PROB",
                  "flip a byte of a cached slot no live request uses", no_effect=_needs_sweep),

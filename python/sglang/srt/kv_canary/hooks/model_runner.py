@@ -36,7 +36,7 @@ def add_record_bytes_to_cell_size(cell_size: int, *args: Any, **kwargs: Any) -> 
 
 def reserve_fixed_bytes(available_bytes: int, model_runner: Any, *args: Any, **kwargs: Any) -> int:
     """AFTER ``ModelRunnerKVCacheMixin._profile_available_bytes``: fixed canary buffers."""
-    return available_bytes - runner_of(model_runner).fixed_bytes_bound()
+    return runner_of(model_runner).reserve_fixed_bytes(available_bytes)
 
 
 def after_init_memory_pool(result: None, model_runner: Any, *args: Any, **kwargs: Any) -> None:

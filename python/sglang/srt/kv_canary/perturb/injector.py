@@ -3,7 +3,8 @@
 Three injection points, all on the host and outside graphs, never synchronizing:
 
 * before the forward (:meth:`FaultInjector.before_forward`): ``req_to_token``,
-  ``real_kv_used``, ``input_ids``, ``seq_lens`` (undone right after the forward);
+  ``foreign_prefix``, ``real_kv_used``, ``input_ids``, ``seq_lens`` (undone right after the
+  forward);
 * after the forward (:meth:`FaultInjector.after_forward`): ``real_kv_post_forward`` (kept);
 * when a radix sweep pass starts (:meth:`FaultInjector.before_sweep_pass`):
   ``real_kv_unused_cache`` (kept).
@@ -18,6 +19,7 @@ from typing import Any
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import PerturbConfig
 from sglang.srt.kv_canary.perturb.fault import InjectedFault, Perturbation
+from sglang.srt.kv_canary.perturb.foreign_prefix import ForeignPrefixPerturbation
 from sglang.srt.kv_canary.perturb.input_ids import InputIdsPerturbation
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import live_rows
@@ -116,6 +118,10 @@ def build_fault_injector(
         before.append(
             (config.req_to_token_prob, ReqToTokenPerturbation(req_to_token=state.req_to_token))
         )
+    if config.foreign_prefix_prob > 0:
+        before.append((
+            config.foreign_prefix_prob, ForeignPrefixPerturbation(req_to_token=state.req_to_token)
+        ))
     if config.real_kv_used_prob > 0:
         before.append((
             config.real_kv_used_prob,

@@ -213,9 +213,40 @@ class CanaryRunner:
             graph_request_ids=self.config.enable_token_oracle,
         )
 
-    def fixed_bytes_bound(self) -> int:
-        """Bytes taken out of the profiled KV budget before the pool is sized."""
-        return self.fixed_buffers(page_size=self._model_runner.page_size).total
+    def reserve_fixed_bytes(self, available_bytes: int) -> int:
+        """The profiled KV budget minus the canary's fixed buffers (logged: the KV pool is sized
+        from what this returns, with :data:`RECORD_BYTES` added to each token's cell)."""
+        fixed = self.fixed_buffers(page_size=self._model_runner.page_size)
+        logger.info(
+            f"KV canary memory budget: {available_bytes} B profiled for the KV pool, "
+            f"{fixed.total} B reserved for the canary's fixed buffers, {per_token_bytes()} B "
+            f"per token added to the KV cell size for the records"
+        )
+        return available_bytes - fixed.total
+
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes of every device tensor this canary allocated, by buffer (the records, the
+        fixed buffers of :class:`FixedBuffers` and the graph-resident ids)."""
+        def size(*tensors: torch.Tensor | None) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+        state = self.state
+        owned = {
+            "records": size(state.records),
+            "ring": size(state.ring),
+            "counters": size(state.counters),
+            "owner_chains": size(state.owner_chains),
+            "seq_lens_mirror": size(self._host_seq_lens),
+            "upload_staging": size(self._staging),
+            "token_history": 0 if self.token_history is None
+            else size(self.token_history.tokens, self.token_history.lens),
+            "write_expectations": 0 if self.write_expectations is None
+            else self.write_expectations.device_bytes,
+            "graph_request_ids": sum(
+                size(b.rids_int, b.bootstrap_room_ids_int) for b in self._graph_ids.values()
+            ),
+        }
+        return owned
 
     def on_memory_pool(self) -> None:
         """The KV pool exists (before graph capture): allocate the device state beside it and
@@ -352,6 +383,21 @@ class CanaryRunner:
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         self.monitor.discard_pending()
+        owned = self.device_bytes()
+        reserved = self.fixed_buffers(page_size=self._model_runner.token_to_kv_pool.page_size)
+        fixed = sum(owned.values()) - owned["records"]
+        logger.info(
+            f"KV canary device memory: {sum(owned.values())} B allocated = records "
+            f"{owned['records']} B ({RECORD_BYTES} B per slot, taken from the KV cell size) + "
+            f"fixed buffers {fixed} B (reserved {reserved.total} B: "
+            + ", ".join(f"{name} {value}" for name, value in owned.items() if name != "records")
+            + ")"
+        )
+        if fixed > reserved.total:
+            logger.warning(
+                f"KV canary: the fixed buffers ({fixed} B) exceed the {reserved.total} B reserved "
+                "from the KV budget; the server may run out of memory under load"
+            )
 
     # ================================================================= per batch (host)
 

@@ -67,6 +67,11 @@ class WriteExpectations:
     def capacity(self) -> int:
         return self._expected.capacity
 
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the preallocated expectations (an overflow buffer is eager-only)."""
+        return 2 * self._expected.capacity * self._expected.tokens.element_size()
+
     def compute(
         self, *, forward_batch: ForwardBatch, prompt_lens: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:

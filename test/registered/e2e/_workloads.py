@@ -1,0 +1,78 @@
+"""Shared pieces of the end-to-end tests: requests, traffic, and what a log must show."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable
+
+from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
+from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
+from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
+from sglang.srt.kv_canary.monitor.violations import ViolationRow, find_violation_rows
+from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
+
+FIRST_TOKEN_ID, VOCAB = 5, 4096  # the tiny model's ordinary token ids
+VERIFY_CHECKS = (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY)
+PERTURB = {"SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS": "30", "SGLANG_KV_CANARY_PERTURB_SEED": "7"}
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(FIRST_TOKEN_ID, VOCAB) for _ in range(n)]
+
+
+def request(rid: str, input_ids: list[int], max_new_tokens: int, **sampling: object) -> dict:
+    return {
+        "rid": rid,
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                            "ignore_eos": True, **sampling},
+    }
+
+
+def concurrent_traffic(server, *, rounds: int, seed: int = 5, per_round: int = 8,
+                       new_tokens: int = 24) -> None:
+    """Rounds of concurrently decoding requests (several live rows with a prefix per batch)."""
+    rng = random.Random(seed)
+    for round_index in range(rounds):
+        payloads = [request(f"p{round_index}-{i}", tokens(rng, rng.randrange(20, 200)),
+                            new_tokens) for i in range(per_round)]
+        server.generate_many(payloads, concurrency=per_round)
+
+
+def faults_and_rows(log: str) -> tuple[list[re.Match[str]], list[ViolationRow]]:
+    faults = [m for m in map(PERTURB_LINE_RE.search, log.splitlines()) if m]
+    return faults, find_violation_rows(log)
+
+
+def union(rows: Iterable[ViolationRow]) -> int:
+    bits = 0
+    for row in rows:
+        bits |= row.reasons
+    return bits
+
+
+def assert_every_fault_caught(faults, rows: list[ViolationRow], *, reason: Reason, allowed: int,
+                              checks: tuple[CheckKind, ...] = VERIFY_CHECKS,
+                              max_delay: int = 0) -> None:
+    """Every fault has a row at its position carrying ``reason`` from its step (or the step
+    before, when log mode did not print a corruption still present) to ``max_delay`` steps
+    later; no row carries a reason outside ``allowed`` or comes from another check."""
+    assert faults, "no fault was injected"
+    stray = [r for r in rows if r.reasons & ~allowed or r.check not in checks]
+    assert not stray, "\n".join(r.to_line() for r in stray[:10])
+    for fault in faults:
+        step, position = int(fault["step"]), int(fault["position"])
+        assert any(step - 1 <= r.step <= step + max_delay and r.position == position
+                   and r.reasons & int(reason) for r in rows), fault.group(0)
+
+
+def assert_clean_canary_log(log: str, *, min_health_checks: int = 2) -> None:
+    rows = find_violation_rows(log)
+    assert rows == [], "\n".join(r.to_line() for r in rows[:20])
+    assert "KV canary installed: records 32 B/slot" in log
+    assert "canary path is not executing" not in log
+    assert sum(HEALTH_OK_PREFIX in line for line in log.splitlines()) >= min_health_checks
+    stats = [m for m in map(STATS_LINE_RE.search, log.splitlines()) if m]
+    assert stats and int(stats[-1]["protected"]) > 0 and int(stats[-1]["written"]) > 0
+    assert int(stats[-1]["violations"]) == 0
