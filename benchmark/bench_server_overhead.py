@@ -53,13 +53,16 @@ pool (``max_total_num_tokens``, ``max_running_requests``, ``context_len``) canno
 
 Time budget (``--time-budget-s``, default 570 s: a 10-minute GPU command with room to stop): a
 server starts only if the last fully measured server of the model took less than what is left
-(before the first one: an estimate per model and workload), keeping enough for the final repeat
-of the first configuration; a workload's warm-up only if its last warm-up (or the estimate)
-fits; a measured round only if the longest round so far fits. What does not fit is labelled
-``skipped: time budget`` and the run goes on; whatever was measured is printed and written to
-``--out`` after every server. A configuration that fails to start is ``refused: <reason>``.
-To measure more than fits in one command, split the run with ``--configs`` / ``--workloads``;
-every run has its own baselines, so keep a configuration and its baseline in the same run.
+(before the first one: an estimate per model and workload), from the third server on keeping
+enough for the final repeat of the first configuration; a workload's warm-up only if its last
+warm-up (or the estimate) fits; a measured round only if the longest measured round so far (at
+first the last server's, or the estimate) fits. What
+does not fit is labelled ``skipped: time budget`` and the run goes on; whatever was measured is
+printed and written to ``--out`` after every server. A configuration that fails to start is
+``refused: <reason>``. One 8b server with every workload takes about 3.5 minutes on an H200, so
+the default budget covers ``off`` and ``all-checks``; the whole 8b table (eight servers) needs
+``--time-budget-s 2400``, or split runs (``--configs`` / ``--workloads``), each with a
+configuration and its baseline.
 
 Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
 
@@ -141,7 +144,9 @@ class ModelShape:
     Attributes:
         server_args: flags after ``TINY_MODEL_SERVER_ARGS`` and before the configuration's.
         startup_estimate_s: launch to ready, plus stopping.
-        round_estimate_s: per workload, one round (the warm-up round is assumed as long).
+        warm_up_estimate_s: per workload, its warm-up round (longer than a measured round when
+            it compiles kernels or prefills a cached prefix).
+        round_estimate_s: per workload, one measured round.
     """
 
     name: str
@@ -153,6 +158,7 @@ class ModelShape:
     vocab_size: int
     targets: tuple[Target, ...]
     startup_estimate_s: float
+    warm_up_estimate_s: Mapping[str, float]
     round_estimate_s: Mapping[str, float]
     server_args: tuple[str, ...] = ()
 
@@ -171,8 +177,9 @@ class ModelShape:
     def first_config_estimate_s(self, *, workloads: Sequence[Workload], repeats: int) -> float:
         """A server's whole duration before one was measured: start, stop, and every workload's
         warm-up and measured rounds."""
-        return self.startup_estimate_s + (repeats + 1) * sum(
-            self.round_estimate_s[workload.name] for workload in workloads)
+        return self.startup_estimate_s + sum(
+            self.warm_up_estimate_s[workload.name] + repeats * self.round_estimate_s[workload.name]
+            for workload in workloads)
 
 
 def _all_checks_and_canary(*, throughput: float, ttft: float | None = None,
@@ -198,18 +205,24 @@ MODELS: dict[str, ModelShape] = {
         # added per decode step at 8k-token prefixes; the canary alone >= 0.995x.
         targets=_all_checks_and_canary(throughput=0.985, ttft=1.03, added_step_ms=0.1,
                                        canary_throughput=0.995),
-        startup_estimate_s=90.0,
-        round_estimate_s={"decode64": 3.0, "bs1": 4.0, "prefill32": 3.0, "prefill64x512": 6.0,
-                          "decode64_8k": 20.0, "bs1_32k": 5.0},
+        # Seen on one H200: ready after 60-95 s; the 8k and 32k warm-ups prefill every prefix.
+        startup_estimate_s=100.0,
+        warm_up_estimate_s={"decode64": 4.5, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
+                            "decode64_8k": 28.0, "bs1_32k": 8.0},
+        round_estimate_s={"decode64": 2.0, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
+                          "decode64_8k": 10.5, "bs1_32k": 5.0},
         server_args=(*POOL_ARGS, "--mem-fraction-static", "0.8"),
     ),
     "tiny": ModelShape(
         name="tiny", architecture="llama", num_layers=4, hidden_size=256, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=4096,
         targets=_all_checks_and_canary(throughput=0.92),  # target: all checks >= 0.92x of off
-        startup_estimate_s=60.0,
-        round_estimate_s={"decode64": 1.5, "bs1": 2.0, "prefill32": 1.0, "prefill64x512": 2.5,
-                          "decode64_8k": 5.0, "bs1_32k": 2.0},
+        # Seen on one H200: ready after 115 s on a fresh host (Triton compiles), less later.
+        startup_estimate_s=120.0,
+        warm_up_estimate_s={"decode64": 1.0, "bs1": 1.0, "prefill32": 1.0, "prefill64x512": 1.0,
+                            "decode64_8k": 5.0, "bs1_32k": 1.0},
+        round_estimate_s={"decode64": 0.5, "bs1": 1.0, "prefill32": 0.5, "prefill64x512": 1.0,
+                          "decode64_8k": 2.0, "bs1_32k": 0.5},
         server_args=POOL_ARGS,
     ),
 }
@@ -251,13 +264,13 @@ _NO_PLUGIN_ENV = {"SGLANG_PLUGINS": "kv-canary-bench-loads-no-plugin"}  # matche
 
 CONFIGS: dict[str, ServerConfig] = {config.name: config for config in (
     ServerConfig(name="off", env={}, sampling_backend="pytorch", baseline="stock"),
-    ServerConfig(name="oracle", env=_ORACLE_ENV, sampling_backend="token_oracle",
+    ServerConfig(name="all-checks", env=_ALL_CHECKS_ENV, sampling_backend="token_oracle",
                  baseline="off"),
     ServerConfig(name="canary", env=_CANARY_ENV, sampling_backend="token_oracle",
                  baseline="off"),
     ServerConfig(name="canary+partial", env=_PARTIAL_ENV, sampling_backend="token_oracle",
                  baseline="off"),
-    ServerConfig(name="all-checks", env=_ALL_CHECKS_ENV, sampling_backend="token_oracle",
+    ServerConfig(name="oracle", env=_ORACLE_ENV, sampling_backend="token_oracle",
                  baseline="off"),
     ServerConfig(name="stock", env=_NO_PLUGIN_ENV, sampling_backend="pytorch",
                  baseline="stock-piecewise"),
@@ -404,12 +417,22 @@ def misfit(*, workload: Workload, limits: PoolLimits) -> str | None:
 
 # ----------------------------------------------------------------------------- measuring
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadEstimate:
+    """Expected seconds of one workload's warm-up round and of one measured round (each with
+    its cache flush and payload)."""
+
+    warm_up_s: float
+    round_s: float
+
+
 def measure_workload(server: object, *, workload: Workload, vocab_size: int, repeats: int,
-                     deadline: Deadline, warm_up_estimate_s: float, timeout_s: float,
+                     deadline: Deadline, estimate: WorkloadEstimate, timeout_s: float,
                      round_runner: RoundRunner = run_round) -> WorkloadResult:
-    """A warm-up round if ``warm_up_estimate_s`` is left, then up to ``repeats`` measured
-    rounds, each only if the longest round so far (at first the warm-up) still fits. Rounds
-    are timed on the deadline's clock; ``round_runner`` is called as :func:`run_round`.
+    """A warm-up round if ``estimate.warm_up_s`` is left, then up to ``repeats`` measured
+    rounds, each only if the longest measured round so far (at first ``estimate.round_s``)
+    still fits. Rounds are timed on the deadline's clock; ``round_runner`` is called as
+    :func:`run_round`.
 
     Raises:
         RuntimeError: a round failed (the server answered an error or went away).
@@ -420,23 +443,22 @@ def measure_workload(server: object, *, workload: Workload, vocab_size: int, rep
         return round_runner(server, workload=workload, vocab_size=vocab_size,
                             round_index=round_index, timeout_s=timeout_s, clock=clock)
 
-    if not deadline.allows(warm_up_estimate_s):
+    if not deadline.allows(estimate.warm_up_s):
         return WorkloadResult(
             workload=workload.name,
-            status=f"skipped: time budget ({warm_up_estimate_s:.0f} s needed, "
+            status=f"skipped: time budget ({estimate.warm_up_s:.0f} s needed, "
                    f"{max(deadline.remaining_s(), 0.0):.0f} s left)")
     started = clock()
     warm_up = run(0)
     warm_up_s = clock() - started
     rounds: list[RoundTiming] = []
-    longest_round_s: float | None = None
+    longest_round_s = 0.0
     for round_index in range(1, repeats + 1):
-        if not deadline.allows(warm_up_s if longest_round_s is None else longest_round_s):
+        if not deadline.allows(longest_round_s if rounds else estimate.round_s):
             break
         started = clock()
         rounds.append(run(round_index))
-        elapsed_s = clock() - started
-        longest_round_s = max(elapsed_s, longest_round_s or 0.0)
+        longest_round_s = max(longest_round_s, clock() - started)
     if len(rounds) == repeats:
         status = MEASURED
     elif rounds:
@@ -444,7 +466,8 @@ def measure_workload(server: object, *, workload: Workload, vocab_size: int, rep
     else:
         status = "skipped: time budget (after the warm-up round)"
     return WorkloadResult(workload=workload.name, status=status, rounds=tuple(rounds),
-                          warm_up=warm_up, warm_up_s=warm_up_s)
+                          warm_up=warm_up, warm_up_s=warm_up_s,
+                          longest_round_s=longest_round_s)
 
 
 def _log_name(*, model: ModelShape, config: ServerConfig, run: int) -> str:
@@ -453,13 +476,13 @@ def _log_name(*, model: ModelShape, config: ServerConfig, run: int) -> str:
 
 def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig, run: int,
                    workloads: Sequence[Workload], repeats: int, deadline: Deadline,
-                   log_dir: pathlib.Path, warm_up_estimates: Mapping[str, float],
+                   log_dir: pathlib.Path, estimates: Mapping[str, WorkloadEstimate],
                    round_runner: RoundRunner = run_round,
                    server_module: str = "sglang.launch_server") -> ConfigResult:
     """Start one server, measure every workload that fits its pools and the budget, stop it.
 
-    ``warm_up_estimates``: per workload name, the seconds its warm-up is expected to take
-    (absent: the model's estimate). ``server_module`` is run with ``python -m`` (a stand-in in
+    ``estimates``: per workload name, what its rounds are expected to take (absent: the
+    model's estimates). ``server_module`` is run with ``python -m`` (a stand-in in
     tests). Start and request failures become the result's status (the server is stopped in
     every case).
     """
@@ -496,8 +519,9 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                 result = measure_workload(
                     server, workload=workload, vocab_size=model.vocab_size, repeats=repeats,
                     deadline=deadline, timeout_s=launch.request_timeout_s,
-                    warm_up_estimate_s=warm_up_estimates.get(
-                        workload.name, model.round_estimate_s[workload.name]),
+                    estimate=estimates.get(workload.name) or WorkloadEstimate(
+                        warm_up_s=model.warm_up_estimate_s[workload.name],
+                        round_s=model.round_estimate_s[workload.name]),
                     round_runner=round_runner)
                 results[workload.name] = result
                 if result.status != MEASURED:
@@ -528,19 +552,20 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
     and more than one configuration) the first configuration again as run 2.
 
     A server starts only if the estimate of one server (the last fully measured one of this
-    model; before that, ``model.first_config_estimate_s``) is left, plus, for every server
-    after the first, the time kept for the final repeat (the first server's duration); else it
-    is ``skipped: time budget``. Those servers measure against a deadline earlier by the time
-    kept. The repeat is skipped, and no time is kept for it, when the first server measured
+    model; before that, ``model.first_config_estimate_s``) is left, plus, from the third server
+    on, the time kept for the final repeat (the first server's duration); else it is
+    ``skipped: time budget``. Those servers measure against a deadline earlier by the time
+    kept. (The second server gets the whole budget: a comparison comes before the drift
+    check.) The repeat is skipped, and no time is kept for it, when the first server measured
     nothing; it is also skipped when no other server measured anything.
     """
     repeat_planned = repeat_first and len(configs) > 1
     plan = [(config, 1) for config in configs] + ([(configs[0], 2)] if repeat_planned else [])
     estimate_s = model.first_config_estimate_s(workloads=workloads, repeats=repeats)
-    warm_up_estimates: dict[str, float] = {}
+    estimates: dict[str, WorkloadEstimate] = {}
     first: ConfigResult | None = None
     others_measured = False
-    for config, run in plan:
+    for position, (config, run) in enumerate(plan):
         first_measured = first is not None and _measured_any(first)
         if run > 1 and not (first_measured and others_measured):
             why = ("the first server of this configuration measured nothing" if not
@@ -548,7 +573,7 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
             yield ConfigResult(config=config.name, run=run, status=f"skipped: {why}")
             continue
         keep_s = 0.0
-        if run == 1 and first is not None and repeat_planned and first_measured:
+        if run == 1 and position >= 2 and repeat_planned and first is not None and first_measured:
             keep_s = first.duration_s
         if not deadline.allows(estimate_s + keep_s):
             kept = f" + {keep_s:.0f} s kept for {configs[0].name}#2" if keep_s else ""
@@ -559,7 +584,7 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
         result = measure(model=model, model_dir=model_dir, config=config, run=run,
                          workloads=workloads, repeats=repeats,
                          deadline=deadline.earlier_by(keep_s), log_dir=log_dir,
-                         warm_up_estimates=dict(warm_up_estimates))
+                         estimates=dict(estimates))
         if first is None:
             first = result
         elif _measured_any(result):
@@ -567,8 +592,9 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
         if result.status == MEASURED:
             estimate_s = result.duration_s
         for name, measured in result.workloads.items():
-            if measured.warm_up is not None:
-                warm_up_estimates[name] = measured.warm_up_s
+            if measured.rounds:
+                estimates[name] = WorkloadEstimate(warm_up_s=measured.warm_up_s,
+                                                   round_s=measured.longest_round_s)
         yield result
 
 
@@ -681,7 +707,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                              "(default: 8b)")
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"comma-separated, in run order, of {', '.join(CONFIGS)} "
-                             "(default: all, in this order)")
+                             "(default: all, in this order: the headline comparison first)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS_BY_NAME),
                         help=f"comma-separated, in run order, of {', '.join(WORKLOADS_BY_NAME)} "
                              "(default: all)")
@@ -760,7 +786,9 @@ def report_json(*, options: BenchOptions,
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_config) -> int:
+    """Run the benchmark (``measure`` measures one server: :func:`measure_config`, or a
+    stand-in in tests); always 0: missing figures are reported, never raised."""
     options = parse_args(argv)
     deadline = Deadline.after(options.time_budget_s)
     log_dir = options.log_dir or pathlib.Path(tempfile.mkdtemp(prefix="kv_canary_bench_logs_"))
@@ -777,7 +805,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for result in iter_model_results(
                 model=model, model_dir=model_dir, configs=configs, workloads=workloads,
                 repeats=options.repeats, deadline=deadline, log_dir=log_dir,
-                repeat_first=options.repeat_first,
+                repeat_first=options.repeat_first, measure=measure,
             ):
                 results[name].append(result)
                 print(progress_line(model=model, result=result), flush=True)

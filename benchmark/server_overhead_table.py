@@ -41,8 +41,9 @@ class WorkloadResult:
             ``skipped: <why>`` (no round; e.g. the KV pool is too small or no time was left).
         rounds: the measured rounds (empty when skipped).
         warm_up: the warm-up round (None when skipped).
-        warm_up_s: the warm-up round's whole duration (flush and payload included): the time
-            budget's estimate of one round of this workload.
+        warm_up_s: the warm-up round's whole duration (flush and payload included).
+        longest_round_s: the longest measured round's whole duration (0.0: none).
+        The last two are the time budget's estimates for this workload on the next server.
     """
 
     workload: str
@@ -50,10 +51,11 @@ class WorkloadResult:
     rounds: tuple[RoundTiming, ...] = ()
     warm_up: RoundTiming | None = None
     warm_up_s: float = 0.0
+    longest_round_s: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {"workload": self.workload, "status": self.status,
-                "warm_up_s": self.warm_up_s,
+                "warm_up_s": self.warm_up_s, "longest_round_s": self.longest_round_s,
                 "warm_up": None if self.warm_up is None else self.warm_up.to_json(),
                 "rounds": [timing.to_json() for timing in self.rounds]}
 
