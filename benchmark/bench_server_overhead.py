@@ -92,6 +92,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sglang.srt.kv_canary.tools.canary_log import parse_canary_log
 from sglang.srt.kv_canary.tools.server import (
@@ -115,8 +116,8 @@ from server_overhead_table import (
     workload_rows,
 )
 from server_workloads import (
-    WORKLOADS,
     WORKLOADS_BY_NAME,
+    BenchServer,
     RoundRunner,
     RoundTiming,
     Workload,
@@ -426,7 +427,7 @@ class WorkloadEstimate:
     round_s: float
 
 
-def measure_workload(server: object, *, workload: Workload, vocab_size: int, repeats: int,
+def measure_workload(server: BenchServer, *, workload: Workload, vocab_size: int, repeats: int,
                      deadline: Deadline, estimate: WorkloadEstimate, timeout_s: float,
                      round_runner: RoundRunner = run_round) -> WorkloadResult:
     """A warm-up round if ``estimate.warm_up_s`` is left, then up to ``repeats`` measured
@@ -491,7 +492,8 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
     base_args, args = launch_args(model=model, config=config)
     launch = ServerLaunch(
         model_dir=model_dir, log_path=log_dir / _log_name(model=model, config=config, run=run),
-        env=config.env, base_args=base_args, args=args, ready_timeout_s=ready_timeout_s, inherit_canary_env=False, server_module=server_module,
+        env=config.env, base_args=base_args, args=args, ready_timeout_s=ready_timeout_s,
+        inherit_canary_env=False, server_module=server_module,
     )
     results: dict[str, WorkloadResult] = {}
     with start_server(launch) as server:
@@ -536,7 +538,13 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                         max_running_requests=limits.max_running_requests)
 
 
-MeasureConfig = Callable[..., ConfigResult]
+class MeasureConfig(Protocol):
+    """Measures one server as :func:`measure_config` does (a stand-in in tests)."""
+
+    def __call__(self, *, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig,
+                 run: int, workloads: Sequence[Workload], repeats: int, deadline: Deadline,
+                 log_dir: pathlib.Path,
+                 estimates: Mapping[str, WorkloadEstimate]) -> ConfigResult: ...
 
 
 def _measured_any(result: ConfigResult) -> bool:

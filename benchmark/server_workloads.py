@@ -256,6 +256,7 @@ def stream_generate(*, base_url: str, payload: Mapping[str, object], timeout_s: 
     Raises:
         StreamError: the server answered an error, could not be reached, or the stream was
             incomplete.
+        ValueError: ``payload`` has no list of ``input_ids`` or no ``sampling_params``.
     """
     address = urllib.parse.urlsplit(base_url)
     input_ids, sampling = payload["input_ids"], payload["sampling_params"]
@@ -321,4 +322,9 @@ def run_round(server: BenchServer, *, workload: Workload, vocab_size: int, round
                            clock=clock)
 
 
-RoundRunner = Callable[..., RoundTiming]
+class RoundRunner(Protocol):
+    """Runs one round as :func:`run_round` does (a stand-in in tests)."""
+
+    def __call__(self, server: BenchServer, *, workload: Workload, vocab_size: int,
+                 round_index: int, timeout_s: float,
+                 clock: Callable[[], float]) -> RoundTiming: ...
