@@ -30,18 +30,20 @@ Targets (printed with a verdict, vs ``off``): on ``8b`` every workload: all-chec
 >= 0.985x and TTFT <= 1.03x, canary throughput >= 0.995x, and all-checks adds <= 0.1 ms per
 decode step on ``decode64_8k``; on ``tiny``: all-checks throughput >= 0.92x.
 
-Workloads (``server_workloads.py``; prompts are random ordinary token ids, identical across
-configurations; ``ignore_eos``; TTFT and decode-step times from streamed responses):
+Workloads (``server_workloads.py``): one streamed ``/generate`` batch per round, all requests
+arriving together; prompts are random ordinary token ids, identical across configurations;
+``ignore_eos``. Every workload reports throughput (output tok/s, prompt tok/s for
+``prefill32``), the mean TTFT (request sent to its first token's chunk) and ms per decode step
+(the last request's first token to the end of the batch, over ``new_tokens - 1`` steps):
 
-- ``decode64``: 64 x 128-token prompts, 256 new tokens (output tok/s);
-- ``bs1``: 1 x 128-token prompt, 512 new tokens (ms per decode step);
-- ``prefill32``: 32 x 2048-token prompts, 8 new tokens (prompt tok/s);
-- ``prefill64x512``: 64 x 512-token prompts arriving together, 512 new tokens (output tok/s and
-  TTFT);
-- ``decode64_8k``: 64 x 8192-token prompts, 256 new tokens (ms per decode step over 8k-token
-  histories); the 8128-token prefixes are prefilled in the warm-up round and reused from the
-  radix cache by the measured rounds;
-- ``bs1_32k``: 1 x 32768-token prompt, 256 new tokens (ms per decode step at 32k), prefix reused
+- ``decode64``: 64 x 128-token prompts, 256 new tokens (decode-heavy);
+- ``bs1``: 1 x 128-token prompt, 512 new tokens (batch-1 decode);
+- ``prefill32``: 32 x 2048-token prompts, 8 new tokens (prefill-heavy);
+- ``prefill64x512``: 64 x 512-token prompts, 512 new tokens (concurrent prefill);
+- ``decode64_8k``: 64 x 8192-token prompts, 256 new tokens (decode over 8k-token histories);
+  the 8128-token prefixes are prefilled in the warm-up round and reused from the radix cache by
+  the measured rounds, whose prompts differ in their last 64 tokens;
+- ``bs1_32k``: 1 x 32768-token prompt, 256 new tokens (batch-1 decode at 32k), prefix reused
   the same way.
 
 KV pool: every server gets ``--context-length 40960 --max-total-tokens 614400`` (64 x (8192 +
@@ -53,22 +55,31 @@ pool (``max_total_num_tokens``, ``max_running_requests``, ``context_len``) canno
 
 Time budget (``--time-budget-s``, default 570 s: a 10-minute GPU command with room to stop): a
 server starts only if the last fully measured server of the model took less than what is left
-(before the first one: an estimate per model and workload), from the third server on keeping
-enough for the final repeat of the first configuration; a workload's warm-up only if its last
-warm-up (or the estimate) fits; a measured round only if the longest measured round so far (at
-first the last server's, or the estimate) fits. What
-does not fit is labelled ``skipped: time budget`` and the run goes on; whatever was measured is
-printed and written to ``--out`` after every server. A configuration that fails to start is
-``refused: <reason>``. One 8b server with every workload takes about 3.5 minutes on an H200, so
-the default budget covers ``off`` and ``all-checks``; the whole 8b table (eight servers) needs
-``--time-budget-s 2400``, or split runs (``--configs`` / ``--workloads``), each with a
-configuration and its baseline.
+(before the first one: an estimate per model and workload), from the third server on with as
+much again kept for the final repeat of the first configuration; a workload's warm-up only if
+its last warm-up (or the estimate) fits; a measured round only if the longest measured round so
+far (at first the last server's, or the estimate) fits. What does not fit is labelled
+``skipped: time budget`` and the run goes on; whatever was measured is printed and written to
+``--out`` after every server. A configuration that fails to start is ``refused: <reason>``.
 
-Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
+On one H200 an 8b server with every workload takes about 3.5 minutes (a tiny one about 1), so
+the default budget measures ``off`` and ``all-checks`` of the 8b model, and all eight tiny
+servers. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
 
     python benchmark/bench_server_overhead.py [--models 8b,tiny] [--configs off,all-checks,...]
         [--workloads decode64,prefill64x512,...] [--repeats 3] [--out FILE.json]
         [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first]
+
+    # the whole 8b table, eight servers (about 30 minutes)
+    python benchmark/bench_server_overhead.py --models 8b --time-budget-s 2400 \
+        --out bench-8b.json --log-dir bench-8b-logs
+    # the tiny table (about 9 minutes)
+    python benchmark/bench_server_overhead.py --models tiny --out bench-tiny.json \
+        --log-dir bench-tiny-logs
+
+Under a 10-minute limit per command, split the 8b table into runs that each hold a configuration
+and its baseline: three servers with every workload do not fit, but four do with ``--workloads
+decode64,bs1,prefill32,prefill64x512`` and three with ``--workloads decode64_8k,bs1_32k``.
 
 ``--out`` JSON: ``options``, ``workloads``, ``configs`` (env, sampling backend, baseline),
 ``noise`` (how noise is estimated), and per model ``models.NAME``: ``server_args``,
@@ -206,7 +217,7 @@ MODELS: dict[str, ModelShape] = {
         # added per decode step at 8k-token prefixes; the canary alone >= 0.995x.
         targets=_all_checks_and_canary(throughput=0.985, ttft=1.03, added_step_ms=0.1,
                                        canary_throughput=0.995),
-        # Seen on one H200: ready after 60-95 s; the 8k and 32k warm-ups prefill every prefix.
+        # Seen on one H200: ready after 50-95 s; the 8k and 32k warm-ups prefill every prefix.
         startup_estimate_s=100.0,
         warm_up_estimate_s={"decode64": 4.5, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
                             "decode64_8k": 28.0, "bs1_32k": 8.0},
@@ -218,12 +229,13 @@ MODELS: dict[str, ModelShape] = {
         name="tiny", architecture="llama", num_layers=4, hidden_size=256, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=4096,
         targets=_all_checks_and_canary(throughput=0.92),  # target: all checks >= 0.92x of off
-        # Seen on one H200: ready after 115 s on a fresh host (Triton compiles), less later.
-        startup_estimate_s=120.0,
-        warm_up_estimate_s={"decode64": 1.0, "bs1": 1.0, "prefill32": 1.0, "prefill64x512": 1.0,
-                            "decode64_8k": 5.0, "bs1_32k": 1.0},
-        round_estimate_s={"decode64": 0.5, "bs1": 1.0, "prefill32": 0.5, "prefill64x512": 1.0,
-                          "decode64_8k": 2.0, "bs1_32k": 0.5},
+        # Seen on one H200: ready after 100 s on a fresh host (Triton compiles), 40-50 s later;
+        # the first canary server compiles its kernels in its first warm-up.
+        startup_estimate_s=110.0,
+        warm_up_estimate_s={"decode64": 3.0, "bs1": 1.0, "prefill32": 0.5, "prefill64x512": 1.5,
+                            "decode64_8k": 1.5, "bs1_32k": 0.5},
+        round_estimate_s={"decode64": 0.7, "bs1": 0.8, "prefill32": 0.2, "prefill64x512": 1.2,
+                          "decode64_8k": 1.0, "bs1_32k": 0.5},
         server_args=POOL_ARGS,
     ),
 }
@@ -559,10 +571,10 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
     """Each server's result, in run order: every configuration once, then (``repeat_first``
     and more than one configuration) the first configuration again as run 2.
 
-    A server starts only if the estimate of one server (the last fully measured one of this
-    model; before that, ``model.first_config_estimate_s``) is left, plus, from the third server
-    on, the time kept for the final repeat (the first server's duration); else it is
-    ``skipped: time budget``. Those servers measure against a deadline earlier by the time
+    A server starts only if the estimate of one server (the duration of the last fully measured
+    one of this model; before that, ``model.first_config_estimate_s``) is left, plus, from the
+    third server on, as much again kept for the final repeat; else it is ``skipped: time
+    budget``. Those servers measure against a deadline earlier by the time
     kept. (The second server gets the whole budget: a comparison comes before the drift
     check.) The repeat is skipped, and no time is kept for it, when the first server measured
     nothing; it is also skipped when no other server measured anything.
@@ -581,8 +593,8 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
             yield ConfigResult(config=config.name, run=run, status=f"skipped: {why}")
             continue
         keep_s = 0.0
-        if run == 1 and position >= 2 and repeat_planned and first is not None and first_measured:
-            keep_s = first.duration_s
+        if run == 1 and position >= 2 and repeat_planned and first_measured:
+            keep_s = estimate_s
         if not deadline.allows(estimate_s + keep_s):
             kept = f" + {keep_s:.0f} s kept for {configs[0].name}#2" if keep_s else ""
             yield ConfigResult(config=config.name, run=run,
