@@ -3,39 +3,91 @@
 For each model (``tiny``: 4 layers, hidden 256; ``8b``: Qwen3-8B-shaped, 36 layers, hidden
 4096, 32 heads, 8 KV heads, head_dim 128, MLP 12288, vocabulary 151936; dummy weights, Triton
 attention, CUDA graphs) and each configuration below, this starts ``python -m
-sglang.launch_server``, runs every workload once to warm up, then ``--repeats`` times measured,
-and stops the server. It prints one table per model with the medians and their ratios, and the
-SPEC §11 targets beside them. No assertions.
+sglang.launch_server``, runs every selected workload once to warm up, then ``--repeats`` times
+measured, and stops the server. The run's first configuration is started once more at the end
+(``NAME#2``), so drift over the run is visible. It prints one block per workload with medians,
+ratios to each configuration's baseline, the noise beside every figure and the targets with
+their verdicts. No assertions.
 
-Configurations (``SGLANG_KV_CANARY_*`` of this shell never reach the servers):
+Configurations (``SGLANG_KV_CANARY_*`` of this shell never reach the servers) and the baseline
+each is compared with:
 
-- ``off``: the plugin loaded, nothing enabled; ``--sampling-backend pytorch``, temperature 0.
-- ``oracle``: ``ENABLE_TOKEN_ORACLE=1``, ``--sampling-backend token_oracle``. Every configuration
-  below keeps the oracle, so ``X / oracle`` isolates the canary's cost.
-- ``canary``: + ``MODE=log``.
-- ``canary+partial``: + ``REAL_DATA=partial``.
-- ``all-checks``: + ``REAL_DATA=partial``, ``ENABLE_VERIFY_TOKEN_ASSERT=1``,
+- ``off`` (vs ``stock``): the plugin loaded, nothing enabled; ``--sampling-backend pytorch``,
+  temperature 0. ``off / stock`` is the "canary off costs nothing" check.
+- ``oracle`` (vs ``off``): ``ENABLE_TOKEN_ORACLE=1``, ``--sampling-backend token_oracle``. Every
+  canary configuration below keeps the oracle; their ``x oracle`` column isolates the canary.
+- ``canary`` (vs ``off``): + ``MODE=log``.
+- ``canary+partial`` (vs ``off``): + ``REAL_DATA=partial``.
+- ``all-checks`` (vs ``off``): + ``REAL_DATA=partial``, ``ENABLE_VERIFY_TOKEN_ASSERT=1``,
   ``ENABLE_WRITE_INPUT_ASSERT=1``.
-- ``stock``: SGLang without the plugin (``SGLANG_PLUGINS`` names no installed plugin);
-  ``off / stock`` is the "canary off costs nothing" check.
+- ``stock`` (vs ``stock-piecewise``): SGLang without the plugin (``SGLANG_PLUGINS`` names no
+  installed plugin), with ``--disable-piecewise-cuda-graph`` like every configuration above.
+- ``stock-piecewise`` (no baseline): stock SGLang with its default piecewise CUDA graphs, so
+  ``stock / stock-piecewise`` is what the ``--disable-piecewise-cuda-graph`` flag that the canary
+  requires costs.
 
-Workloads (prompts are random ordinary token ids, distinct per round and identical across
-configurations; the radix cache is flushed before every round; ``ignore_eos``):
+Targets (printed with a verdict, vs ``off``): on ``8b`` every workload: all-checks throughput
+>= 0.985x and TTFT <= 1.03x, canary throughput >= 0.995x, and all-checks adds <= 0.1 ms per
+decode step on ``decode64_8k``; on ``tiny``: all-checks throughput >= 0.92x.
 
-- ``decode64``: one batch of 64 requests, 128-token prompts, 256 new tokens (output tok/s);
-- ``bs1``: 1 request, 128-token prompt, 512 new tokens (ms per decode step = wall / 512);
-- ``prefill32``: 32 requests with 2048-token prompts, 8 new tokens (prompt tok/s).
+Workloads (``server_workloads.py``): one streamed ``/generate`` batch per round, all requests
+arriving together; prompts are random ordinary token ids, identical across configurations;
+``ignore_eos``. Every workload reports throughput (output tok/s, prompt tok/s for
+``prefill32``), the mean TTFT (request sent to its first token's chunk) and ms per decode step
+(the last request's first token to the end of the batch, over ``new_tokens - 1`` steps):
 
-A configuration that fails to start (e.g. a check not wired yet) is reported as ``refused:
-<reason>`` and the run goes on. ``--time-budget-s`` bounds the whole run: a configuration is
-started only if the previous one of the same model took less than what is left, a measured
-round only if the warm-up round of its workload took less than what is left; whatever was
-measured is printed (and written to ``--out``, after every configuration).
+- ``decode64``: 64 x 128-token prompts, 256 new tokens (decode-heavy);
+- ``bs1``: 1 x 128-token prompt, 512 new tokens (batch-1 decode);
+- ``prefill32``: 32 x 2048-token prompts, 8 new tokens (prefill-heavy);
+- ``prefill64x512``: 64 x 512-token prompts, 512 new tokens (concurrent prefill);
+- ``decode64_8k``: 64 x 8192-token prompts, 256 new tokens (decode over 8k-token histories);
+  the 8128-token prefixes are prefilled in the warm-up round and reused from the radix cache by
+  the measured rounds, whose prompts differ in their last 64 tokens;
+- ``bs1_32k``: 1 x 32768-token prompt, 256 new tokens (batch-1 decode at 32k), prefix reused
+  the same way.
 
-Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
+KV pool: every server gets ``--context-length 40960 --max-total-tokens 614400`` (64 x (8192 +
+256) = 540672 tokens run together in ``decode64_8k``); the 8b model also gets
+``--mem-fraction-static 0.8``: 614400 tokens x 144 KiB (36 layers x 8 KV heads x 128 x K,V x
+bf16) = 84 GiB + 15 GiB of weights fit the 139 GiB of an H200. A workload the server's logged
+pool (``max_total_num_tokens``, ``max_running_requests``, ``context_len``) cannot hold is
+``skipped: does not fit`` (e.g. ``decode64_8k`` on an 80 GB GPU).
 
-    python benchmark/bench_server_overhead.py [--models tiny,8b] [--configs off,oracle,...]
-        [--repeats 3] [--out FILE.json] [--log-dir DIR] [--time-budget-s 540]
+Time budget (``--time-budget-s``, default 570 s: a 10-minute GPU command with room to stop): a
+server starts only if the last fully measured server of the model took less than what is left
+(before the first one: an estimate per model and workload), from the third server on with as
+much again kept for the final repeat of the first configuration; a workload's warm-up only if
+its last warm-up (or the estimate) fits; a measured round only if the longest measured round so
+far (at first the last server's, or the estimate) fits. What does not fit is labelled
+``skipped: time budget`` and the run goes on; whatever was measured is printed and written to
+``--out`` after every server. A configuration that fails to start is ``refused: <reason>``.
+
+On one H200 an 8b server with every workload takes about 3.5 minutes (a tiny one about 1), so
+the default budget measures ``off`` and ``all-checks`` of the 8b model, and all eight tiny
+servers. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
+
+    python benchmark/bench_server_overhead.py [--models 8b,tiny] [--configs off,all-checks,...]
+        [--workloads decode64,prefill64x512,...] [--repeats 3] [--out FILE.json]
+        [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first]
+
+    # the whole 8b table, eight servers (about 30 minutes)
+    python benchmark/bench_server_overhead.py --models 8b --time-budget-s 2400 \
+        --out bench-8b.json --log-dir bench-8b-logs
+    # the tiny table (about 9 minutes)
+    python benchmark/bench_server_overhead.py --models tiny --out bench-tiny.json \
+        --log-dir bench-tiny-logs
+
+Under a 10-minute limit per command, split the 8b table into runs that each hold a configuration
+and its baseline: three servers with every workload do not fit, but four do with ``--workloads
+decode64,bs1,prefill32,prefill64x512`` and three with ``--workloads decode64_8k,bs1_32k``.
+
+``--out`` JSON: ``options``, ``workloads``, ``configs`` (env, sampling backend, baseline),
+``noise`` (how noise is estimated), and per model ``models.NAME``: ``server_args``,
+``targets``, ``results`` (one per server, in run order: ``label``, ``status``, ``command``,
+``log_path``, ``kv_pool_tokens``, ``workloads.W.rounds[]`` with ``wall_s``, per-request
+``ttft_s``, ``decode_s``, token counts and the derived ``output_tok_s`` / ``prompt_tok_s`` /
+``mean_ttft_s`` / ``step_ms``) and ``tables.W`` (the printed rows with medians, ratios and
+noise, the target verdicts and notes).
 """
 
 from __future__ import annotations
@@ -45,38 +97,69 @@ import dataclasses
 import importlib.metadata
 import json
 import pathlib
-import random
 import re
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from sglang.srt.kv_canary.tools.canary_log import parse_canary_log
 from sglang.srt.kv_canary.tools.server import (
     TINY_MODEL_SERVER_ARGS,
-    RunningServer,
     ServerLaunch,
     ServerStartError,
     start_server,
 )
-from sglang.srt.kv_canary.tools.tiny_model import FIRST_ORDINARY_TOKEN_ID, make_tiny_model
+from sglang.srt.kv_canary.tools.tiny_model import make_tiny_model
 
-CONTEXT_LENGTH = 4096
-MAX_ADDED_MS_PER_STEP = 0.1  # SPEC §11, all checks on
+# Sibling modules (this directory is on sys.path when the script runs).
+from server_overhead_table import (
+    MEASURED,
+    NOISE_NOTE,
+    ConfigResult,
+    Target,
+    WorkloadResult,
+    check_targets,
+    format_workload_table,
+    workload_notes,
+    workload_rows,
+)
+from server_workloads import (
+    WORKLOADS_BY_NAME,
+    BenchServer,
+    RoundRunner,
+    RoundTiming,
+    Workload,
+    run_round,
+)
+
+CONTEXT_LENGTH = 40960  # >= the longest workload (32768 + 256), Qwen3-8B's own context length
+MAX_TOTAL_TOKENS = 614400  # decode64_8k runs 540672 together; the rest: earlier rounds' tails
+POOL_ARGS: tuple[str, ...] = ("--context-length", str(CONTEXT_LENGTH),
+                              "--max-total-tokens", str(MAX_TOTAL_TOKENS))
+DISABLE_PIECEWISE_FLAG = "--disable-piecewise-cuda-graph"
 READY_TIMEOUT_S = 300.0  # bound of one server start (also bounded by the time budget)
-_FLUSH_ATTEMPTS = 20
+DEFAULT_TIME_BUDGET_S = 570.0
 _REASON_CHARS = 240
 
 
-# ----------------------------------------------------------------------------- what is measured
+# ----------------------------------------------------------------------------- models
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelShape:
     """A dummy-weight model (``tiny_model.make_tiny_model``: head_dim = hidden / heads, MLP =
-    3 x hidden) and what SPEC §11 asks of it."""
+    3 x hidden), its server flags, its targets, and time estimates for the budget before
+    anything was measured.
+
+    Attributes:
+        server_args: flags after ``TINY_MODEL_SERVER_ARGS`` and before the configuration's.
+        startup_estimate_s: launch to ready, plus stopping.
+        warm_up_estimate_s: per workload, its warm-up round (longer than a measured round when
+            it compiles kernels or prefills a cached prefix).
+        round_estimate_s: per workload, one measured round.
+    """
 
     name: str
     architecture: str
@@ -85,39 +168,104 @@ class ModelShape:
     num_attention_heads: int
     num_key_value_heads: int
     vocab_size: int
-    throughput_target: float  # all checks on vs canary off, on every workload
-    first_config_estimate_s: float  # start + warm-up + rounds + stop, before one is timed
+    targets: tuple[Target, ...]
+    startup_estimate_s: float
+    warm_up_estimate_s: Mapping[str, float]
+    round_estimate_s: Mapping[str, float]
     server_args: tuple[str, ...] = ()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer in bf16 (the canary's 32-byte record not included)."""
+        head_dim = self.hidden_size // self.num_attention_heads
+        return self.num_layers * self.num_key_value_heads * head_dim * 2 * 2
 
     def describe(self) -> str:
         return (f"{self.architecture}, {self.num_layers} layers, hidden {self.hidden_size}, "
                 f"{self.num_attention_heads}/{self.num_key_value_heads} heads, "
-                f"vocab {self.vocab_size}, dummy weights")
+                f"vocab {self.vocab_size}, dummy weights, "
+                f"{self.kv_bytes_per_token / 1024:g} KiB of KV per token")
+
+    def first_config_estimate_s(self, *, workloads: Sequence[Workload], repeats: int) -> float:
+        """A server's whole duration before one was measured: start, stop, and every workload's
+        warm-up and measured rounds."""
+        return self.startup_estimate_s + sum(
+            self.warm_up_estimate_s[workload.name] + repeats * self.round_estimate_s[workload.name]
+            for workload in workloads)
+
+
+def _all_checks_and_canary(*, throughput: float, ttft: float | None = None,
+                           added_step_ms: float | None = None,
+                           canary_throughput: float | None = None) -> tuple[Target, ...]:
+    targets = [Target(config="all-checks", metric="tok_s", bound=throughput, at_most=False)]
+    if ttft is not None:
+        targets.append(Target(config="all-checks", metric="ttft", bound=ttft, at_most=True))
+    if added_step_ms is not None:
+        targets.append(Target(config="all-checks", metric="step_added_ms", bound=added_step_ms,
+                              at_most=True))
+    if canary_throughput is not None:
+        targets.append(Target(config="canary", metric="tok_s", bound=canary_throughput,
+                              at_most=False))
+    return tuple(targets)
 
 
 MODELS: dict[str, ModelShape] = {
-    "tiny": ModelShape(name="tiny", architecture="llama", num_layers=4, hidden_size=256,
-                       num_attention_heads=4, num_key_value_heads=2, vocab_size=4096,
-                       throughput_target=0.92, first_config_estimate_s=90.0),
-    "8b": ModelShape(name="8b", architecture="qwen3", num_layers=36, hidden_size=4096,
-                     num_attention_heads=32, num_key_value_heads=8, vocab_size=151936,
-                     throughput_target=0.985, first_config_estimate_s=180.0,
-                     server_args=("--mem-fraction-static", "0.5")),
+    "8b": ModelShape(
+        name="8b", architecture="qwen3", num_layers=36, hidden_size=4096, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=151936,
+        # target: all checks >= 0.985x of canary off in throughput, <= 1.03x in TTFT, <= 0.1 ms
+        # added per decode step at 8k-token prefixes; the canary alone >= 0.995x.
+        targets=_all_checks_and_canary(throughput=0.985, ttft=1.03, added_step_ms=0.1,
+                                       canary_throughput=0.995),
+        # Seen on one H200: ready after 50-95 s; the 8k and 32k warm-ups prefill every prefix.
+        startup_estimate_s=100.0,
+        warm_up_estimate_s={"decode64": 4.5, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
+                            "decode64_8k": 28.0, "bs1_32k": 8.0},
+        round_estimate_s={"decode64": 2.0, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
+                          "decode64_8k": 10.5, "bs1_32k": 5.0},
+        server_args=(*POOL_ARGS, "--mem-fraction-static", "0.8"),
+    ),
+    "tiny": ModelShape(
+        name="tiny", architecture="llama", num_layers=4, hidden_size=256, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=4096,
+        targets=_all_checks_and_canary(throughput=0.92),  # target: all checks >= 0.92x of off
+        # Seen on one H200: ready after 100 s on a fresh host (Triton compiles), 40-50 s later;
+        # the first canary server compiles its kernels in its first warm-up.
+        startup_estimate_s=110.0,
+        warm_up_estimate_s={"decode64": 3.0, "bs1": 1.0, "prefill32": 0.5, "prefill64x512": 1.5,
+                            "decode64_8k": 1.5, "bs1_32k": 0.5},
+        round_estimate_s={"decode64": 0.7, "bs1": 0.8, "prefill32": 0.2, "prefill64x512": 1.2,
+                          "decode64_8k": 1.0, "bs1_32k": 0.5},
+        server_args=POOL_ARGS,
+    ),
 }
 
 
+# ----------------------------------------------------------------------------- configurations
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
-    """One server configuration: its environment (over this shell's, canary variables dropped)
-    and its sampling backend."""
+    """One server configuration: its environment (over this shell's, canary variables dropped),
+    its sampling backend, whether SGLang's piecewise CUDA graphs stay on, and the configuration
+    its ratios compare with."""
 
     name: str
     env: Mapping[str, str]
     sampling_backend: str
+    baseline: str | None
+    piecewise_cuda_graph: bool = False
 
     @property
     def canary_on(self) -> bool:
         return "SGLANG_KV_CANARY_MODE" in self.env
+
+    @property
+    def uses_oracle(self) -> bool:
+        return "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE" in self.env
+
+    def to_json(self) -> dict[str, object]:
+        return {"env": dict(self.env), "sampling_backend": self.sampling_backend,
+                "baseline": self.baseline, "piecewise_cuda_graph": self.piecewise_cuda_graph}
 
 
 _ORACLE_ENV = {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"}
@@ -125,103 +273,54 @@ _CANARY_ENV = {**_ORACLE_ENV, "SGLANG_KV_CANARY_MODE": "log"}
 _PARTIAL_ENV = {**_CANARY_ENV, "SGLANG_KV_CANARY_REAL_DATA": "partial"}
 _ALL_CHECKS_ENV = {**_PARTIAL_ENV, "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
                    "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1"}
-_NO_PLUGIN = "kv-canary-bench-loads-no-plugin"  # an SGLANG_PLUGINS allow-list matching nothing
+_NO_PLUGIN_ENV = {"SGLANG_PLUGINS": "kv-canary-bench-loads-no-plugin"}  # matches no plugin
 
 CONFIGS: dict[str, ServerConfig] = {config.name: config for config in (
-    ServerConfig(name="off", env={}, sampling_backend="pytorch"),
-    ServerConfig(name="oracle", env=_ORACLE_ENV, sampling_backend="token_oracle"),
-    ServerConfig(name="canary", env=_CANARY_ENV, sampling_backend="token_oracle"),
-    ServerConfig(name="canary+partial", env=_PARTIAL_ENV, sampling_backend="token_oracle"),
-    ServerConfig(name="all-checks", env=_ALL_CHECKS_ENV, sampling_backend="token_oracle"),
-    ServerConfig(name="stock", env={"SGLANG_PLUGINS": _NO_PLUGIN}, sampling_backend="pytorch"),
+    ServerConfig(name="off", env={}, sampling_backend="pytorch", baseline="stock"),
+    ServerConfig(name="all-checks", env=_ALL_CHECKS_ENV, sampling_backend="token_oracle",
+                 baseline="off"),
+    ServerConfig(name="canary", env=_CANARY_ENV, sampling_backend="token_oracle",
+                 baseline="off"),
+    ServerConfig(name="canary+partial", env=_PARTIAL_ENV, sampling_backend="token_oracle",
+                 baseline="off"),
+    ServerConfig(name="oracle", env=_ORACLE_ENV, sampling_backend="token_oracle",
+                 baseline="off"),
+    ServerConfig(name="stock", env=_NO_PLUGIN_ENV, sampling_backend="pytorch",
+                 baseline="stock-piecewise"),
+    ServerConfig(name="stock-piecewise", env=_NO_PLUGIN_ENV, sampling_backend="pytorch",
+                 baseline=None, piecewise_cuda_graph=True),
 )}
+BASELINES: dict[str, str | None] = {name: config.baseline for name, config in CONFIGS.items()}
+VS_ORACLE: frozenset[str] = frozenset(
+    name for name, config in CONFIGS.items() if config.canary_on)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Workload:
-    name: str
-    num_requests: int
-    prompt_tokens: int
-    new_tokens: int
+def _without_flags(args: Sequence[str], *, flags: Collection[str]) -> tuple[str, ...]:
+    """``args`` without each flag of ``flags`` and its value (the next item, unless it is a
+    flag itself)."""
+    kept: list[str] = []
+    skipping_value = False
+    for arg in args:
+        if skipping_value and not arg.startswith("--"):
+            skipping_value = False
+            continue
+        skipping_value = arg in flags
+        if not skipping_value:
+            kept.append(arg)
+    return tuple(kept)
 
 
-DECODE = Workload(name="decode64", num_requests=64, prompt_tokens=128, new_tokens=256)
-BS1 = Workload(name="bs1", num_requests=1, prompt_tokens=128, new_tokens=512)
-PREFILL = Workload(name="prefill32", num_requests=32, prompt_tokens=2048, new_tokens=8)
-WORKLOADS: tuple[Workload, ...] = (DECODE, BS1, PREFILL)
-
-
-# ----------------------------------------------------------------------------- results
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkloadResult:
-    """The measured rounds of one workload on one server (token counts as the server reported
-    them, per round)."""
-
-    workload: str
-    num_requests: int
-    wall_s: tuple[float, ...]  # one per measured round; never empty
-    prompt_tokens: int
-    output_tokens: int
-
-    @property
-    def median_wall_s(self) -> float:
-        return statistics.median(self.wall_s)
-
-    @property
-    def output_tok_s(self) -> float:
-        return self.output_tokens / self.median_wall_s
-
-    @property
-    def prompt_tok_s(self) -> float:
-        return self.prompt_tokens / self.median_wall_s
-
-    @property
-    def ms_per_step(self) -> float:
-        """Wall time per generated token of one request: the decode step time at batch 1."""
-        return 1e3 * self.median_wall_s * self.num_requests / self.output_tokens
-
-    def to_json(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "median_wall_s": self.median_wall_s,
-                "output_tok_s": self.output_tok_s, "prompt_tok_s": self.prompt_tok_s,
-                "ms_per_step": self.ms_per_step}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConfigResult:
-    """What one configuration gave. ``status``: ``measured``, ``partial: ...`` (some rounds
-    left out), ``refused: ...``, ``failed: ...`` or ``skipped: ...``."""
-
-    config: str
-    status: str
-    workloads: Mapping[str, WorkloadResult] = field(default_factory=dict)
-    canary: str = "-"  # what the server log says of the canary (configs with MODE set)
-    startup_s: float = 0.0
-    duration_s: float = 0.0  # start to stop
-
-    def to_json(self) -> dict[str, object]:
-        return {"config": self.config, "status": self.status, "canary": self.canary,
-                "startup_s": self.startup_s, "duration_s": self.duration_s,
-                "workloads": {name: result.to_json() for name, result in self.workloads.items()}}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Row:
-    """One table row: a configuration's medians and their ratios to ``off`` and ``oracle``
-    (None where either side was not measured)."""
-
-    config: str
-    decode_tok_s: float | None
-    decode_vs_off: float | None
-    decode_vs_oracle: float | None
-    bs1_ms_per_step: float | None
-    bs1_added_ms_vs_off: float | None
-    bs1_added_ms_vs_oracle: float | None
-    prefill_tok_s: float | None
-    prefill_vs_off: float | None
-    prefill_vs_oracle: float | None
-    worst_vs_oracle: float | None  # lowest throughput ratio over the three workloads
-    canary: str
+def launch_args(*, model: ModelShape, config: ServerConfig) -> tuple[tuple[str, ...],
+                                                                    tuple[str, ...]]:
+    """``(base_args, args)`` of the server's ``ServerLaunch``: ``TINY_MODEL_SERVER_ARGS``
+    without the flags that the model's flags or the configuration set (and without
+    ``--disable-piecewise-cuda-graph`` for a piecewise configuration), then the model's flags
+    and the sampling backend. Every flag appears once."""
+    args = (*model.server_args, "--sampling-backend", config.sampling_backend)
+    dropped = {arg for arg in args if arg.startswith("--")}
+    if config.piecewise_cuda_graph:
+        dropped.add(DISABLE_PIECEWISE_FLAG)
+    return _without_flags(TINY_MODEL_SERVER_ARGS, flags=dropped), args
 
 
 # ----------------------------------------------------------------------------- the time budget
@@ -242,80 +341,19 @@ class Deadline:
         """Whether something expected to take ``estimate_s`` ends before the deadline."""
         return self.remaining_s() >= estimate_s
 
-
-# ----------------------------------------------------------------------------- measuring
-
-def round_payload(*, workload: Workload, vocab_size: int, round_index: int) -> dict[str, object]:
-    """The ``/generate`` batch of one round: deterministic for (workload, round), so every
-    configuration gets the same prompts and no two rounds share a prefix."""
-    rng = random.Random(f"{workload.name}/{round_index}")
-    prompts = [[rng.randrange(FIRST_ORDINARY_TOKEN_ID, vocab_size)
-                for _ in range(workload.prompt_tokens)] for _ in range(workload.num_requests)]
-    return {"input_ids": prompts,
-            "sampling_params": {"max_new_tokens": workload.new_tokens, "temperature": 0.0,
-                                "ignore_eos": True}}
+    def earlier_by(self, seconds: float) -> Deadline:
+        """The same clock, ``seconds`` earlier (time kept for later work)."""
+        return dataclasses.replace(self, end=self.end - seconds)
 
 
-def flush_radix_cache(server: RunningServer) -> None:
-    """Empty the radix cache (retried: the scheduler refuses while it still holds a request).
-
-    Raises:
-        RuntimeError: still refused after ``_FLUSH_ATTEMPTS`` tries.
-    """
-    for _ in range(_FLUSH_ATTEMPTS):
-        if server.flush_cache():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"/flush_cache was refused {_FLUSH_ATTEMPTS} times")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RoundTiming:
-    wall_s: float
-    prompt_tokens: int  # as the server counted them
-    output_tokens: int
-
-
-def run_round(server: RunningServer, *, payload: Mapping[str, object],
-              clock: Callable[[], float]) -> RoundTiming:
-    """Send one batch on an empty radix cache and time it on ``clock`` (client side)."""
-    flush_radix_cache(server)
-    started = clock()
-    outputs = server.generate(payload)
-    wall_s = clock() - started
-    return RoundTiming(
-        wall_s=wall_s,
-        prompt_tokens=sum(output["meta_info"]["prompt_tokens"] for output in outputs),
-        output_tokens=sum(output["meta_info"]["completion_tokens"] for output in outputs),
-    )
-
-
-def measure_workload(server: RunningServer, *, workload: Workload, vocab_size: int,
-                     repeats: int, deadline: Deadline) -> WorkloadResult | None:
-    """A warm-up round, then up to ``repeats`` measured rounds, each only if the warm-up's
-    time is left; None when no measured round fitted. Rounds are timed on the deadline's
-    clock."""
-    def run(round_index: int) -> RoundTiming:
-        payload = round_payload(workload=workload, vocab_size=vocab_size,
-                                round_index=round_index)
-        return run_round(server, payload=payload, clock=deadline.clock)
-
-    warm_up = run(0)
-    rounds: list[RoundTiming] = []
-    for round_index in range(1, repeats + 1):
-        if not deadline.allows(warm_up.wall_s):
-            break
-        rounds.append(run(round_index))
-    if not rounds:
-        return None
-    return WorkloadResult(workload=workload.name, num_requests=workload.num_requests,
-                          wall_s=tuple(timing.wall_s for timing in rounds),
-                          prompt_tokens=rounds[-1].prompt_tokens,
-                          output_tokens=rounds[-1].output_tokens)
-
+# ----------------------------------------------------------------------------- server logs
 
 _ERROR_LINE = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$")
 _CANARY_ERROR_LINE = re.compile(r"\b(Canary\w*Error): (.+)$")
+_POOL_FIELDS = {"kv_tokens": re.compile(r"\bmax_total_num_tokens=(\d+)"),
+                "max_running_requests": re.compile(r"\bmax_running_requests=(\d+)"),
+                "context_len": re.compile(r"\bcontext_len=(\d+)")}
+PIECEWISE_CAPTURED_LINE = "Capture piecewise CUDA graph end"
 
 
 def refusal_reason(*, log_text: str, fallback: str) -> str:
@@ -345,25 +383,133 @@ def canary_status(*, config: ServerConfig, log_text: str) -> str:
     return f"on, {checked}, {len(summary.violations)} violations"
 
 
-def _launch(*, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig,
-            log_dir: pathlib.Path, ready_timeout_s: float) -> ServerLaunch:
-    return ServerLaunch(
-        model_dir=model_dir, log_path=log_dir / f"{model.name}-{config.name}.log",
-        env=config.env, args=(*model.server_args, "--sampling-backend", config.sampling_backend),
-        ready_timeout_s=ready_timeout_s, inherit_canary_env=False,
-    )
+def server_note(*, config: ServerConfig, log_text: str) -> str:
+    """What the log says of the configuration's feature: the canary's status, whether the
+    piecewise CUDA graphs were captured, or ``-``."""
+    if config.canary_on:
+        return "canary " + canary_status(config=config, log_text=log_text)
+    if config.piecewise_cuda_graph:
+        captured = PIECEWISE_CAPTURED_LINE in log_text
+        return "piecewise CUDA graph " + ("captured" if captured else "NOT captured")
+    return "-"
 
 
-def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig,
-                   repeats: int, deadline: Deadline, log_dir: pathlib.Path) -> ConfigResult:
-    """Start one server, measure every workload, stop it. Start and request failures become
-    the result's status (the server is stopped in every case)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolLimits:
+    """What the scheduler logged of its pools (None: not found in the log)."""
+
+    kv_tokens: int | None
+    max_running_requests: int | None
+    context_len: int | None
+
+
+def read_pool_limits(log_text: str) -> PoolLimits:
+    """The last ``max_total_num_tokens=``, ``max_running_requests=`` and ``context_len=``
+    values of a server log."""
+    found: dict[str, int | None] = {}
+    for name, pattern in _POOL_FIELDS.items():
+        values = pattern.findall(log_text)
+        found[name] = int(values[-1]) if values else None
+    return PoolLimits(**found)
+
+
+def misfit(*, workload: Workload, limits: PoolLimits) -> str | None:
+    """Why ``workload`` cannot run as one batch on a server with ``limits`` (None: it fits, or
+    the limits are unknown)."""
+    if limits.kv_tokens is not None and limits.kv_tokens < workload.kv_tokens:
+        return (f"does not fit (KV pool {limits.kv_tokens} tokens < {workload.kv_tokens} "
+                "needed)")
+    if (limits.max_running_requests is not None
+            and limits.max_running_requests < workload.num_requests):
+        return (f"does not fit (max_running_requests {limits.max_running_requests} < "
+                f"{workload.num_requests})")
+    if limits.context_len is not None and limits.context_len < workload.context_tokens:
+        return f"does not fit (context {limits.context_len} < {workload.context_tokens} tokens)"
+    return None
+
+
+# ----------------------------------------------------------------------------- measuring
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadEstimate:
+    """Expected seconds of one workload's warm-up round and of one measured round (each with
+    its cache flush and payload)."""
+
+    warm_up_s: float
+    round_s: float
+
+
+def measure_workload(server: BenchServer, *, workload: Workload, vocab_size: int, repeats: int,
+                     deadline: Deadline, estimate: WorkloadEstimate, timeout_s: float,
+                     round_runner: RoundRunner = run_round) -> WorkloadResult:
+    """A warm-up round if ``estimate.warm_up_s`` is left, then up to ``repeats`` measured
+    rounds, each only if the longest measured round so far (at first ``estimate.round_s``)
+    still fits. Rounds are timed on the deadline's clock; ``round_runner`` is called as
+    :func:`run_round`.
+
+    Raises:
+        RuntimeError: a round failed (the server answered an error or went away).
+    """
+    clock = deadline.clock
+
+    def run(round_index: int) -> RoundTiming:
+        return round_runner(server, workload=workload, vocab_size=vocab_size,
+                            round_index=round_index, timeout_s=timeout_s, clock=clock)
+
+    if not deadline.allows(estimate.warm_up_s):
+        return WorkloadResult(
+            workload=workload.name,
+            status=f"skipped: time budget ({estimate.warm_up_s:.0f} s needed, "
+                   f"{max(deadline.remaining_s(), 0.0):.0f} s left)")
+    started = clock()
+    warm_up = run(0)
+    warm_up_s = clock() - started
+    rounds: list[RoundTiming] = []
+    longest_round_s = 0.0
+    for round_index in range(1, repeats + 1):
+        if not deadline.allows(longest_round_s if rounds else estimate.round_s):
+            break
+        started = clock()
+        rounds.append(run(round_index))
+        longest_round_s = max(longest_round_s, clock() - started)
+    if len(rounds) == repeats:
+        status = MEASURED
+    elif rounds:
+        status = f"partial: time budget ({len(rounds)} of {repeats} rounds)"
+    else:
+        status = "skipped: time budget (after the warm-up round)"
+    return WorkloadResult(workload=workload.name, status=status, rounds=tuple(rounds),
+                          warm_up=warm_up, warm_up_s=warm_up_s,
+                          longest_round_s=longest_round_s)
+
+
+def _log_name(*, model: ModelShape, config: ServerConfig, run: int) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{model.name}-{config.name}-run{run}") + ".log"
+
+
+def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig, run: int,
+                   workloads: Sequence[Workload], repeats: int, deadline: Deadline,
+                   log_dir: pathlib.Path, estimates: Mapping[str, WorkloadEstimate],
+                   round_runner: RoundRunner = run_round,
+                   server_module: str = "sglang.launch_server") -> ConfigResult:
+    """Start one server, measure every workload that fits its pools and the budget, stop it.
+
+    ``estimates``: per workload name, what its rounds are expected to take (absent: the
+    model's estimates). ``server_module`` is run with ``python -m`` (a stand-in in
+    tests). Start and request failures become the result's status (the server is stopped in
+    every case).
+    """
     started = time.monotonic()
     ready_timeout_s = max(min(READY_TIMEOUT_S, deadline.remaining_s()), 1.0)
-    launch = _launch(model=model, model_dir=model_dir, config=config, log_dir=log_dir,
-                     ready_timeout_s=ready_timeout_s)
-    workloads: dict[str, WorkloadResult] = {}
+    base_args, args = launch_args(model=model, config=config)
+    launch = ServerLaunch(
+        model_dir=model_dir, log_path=log_dir / _log_name(model=model, config=config, run=run),
+        env=config.env, base_args=base_args, args=args, ready_timeout_s=ready_timeout_s,
+        inherit_canary_env=False, server_module=server_module,
+    )
+    results: dict[str, WorkloadResult] = {}
     with start_server(launch) as server:
+        command = tuple(launch.command(port=server.port))
         try:
             startup_s = server.wait_ready()
         except ServerStartError as error:
@@ -372,156 +518,173 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
             else:
                 status = "refused: " + refusal_reason(log_text=server.log_text(),
                                                       fallback=str(error))
-            return ConfigResult(config=config.name, status=status,
+            return ConfigResult(config=config.name, run=run, status=status, command=command,
+                                log_path=str(launch.log_path),
                                 duration_s=time.monotonic() - started)
-        status = "measured"
+        limits = read_pool_limits(server.log_text())
+        status = MEASURED
         try:
-            for workload in WORKLOADS:
-                result = measure_workload(server, workload=workload, vocab_size=model.vocab_size,
-                                          repeats=repeats, deadline=deadline)
-                if result is not None:
-                    workloads[workload.name] = result
-                if result is None or len(result.wall_s) < repeats:
+            for workload in workloads:
+                why = misfit(workload=workload, limits=limits)
+                if why is not None:
+                    results[workload.name] = WorkloadResult(workload=workload.name,
+                                                            status=f"skipped: {why}")
+                    continue
+                result = measure_workload(
+                    server, workload=workload, vocab_size=model.vocab_size, repeats=repeats,
+                    deadline=deadline, timeout_s=launch.request_timeout_s,
+                    estimate=estimates.get(workload.name) or WorkloadEstimate(
+                        warm_up_s=model.warm_up_estimate_s[workload.name],
+                        round_s=model.round_estimate_s[workload.name]),
+                    round_runner=round_runner)
+                results[workload.name] = result
+                if result.status != MEASURED:
                     status = "partial: time budget"
-                    break
-        except RuntimeError as error:  # a ServerRequestError, or the cache flush was refused
+        except RuntimeError as error:  # a StreamError, or the cache flush was refused
             status = f"failed: {str(error).splitlines()[0][:_REASON_CHARS]}"
-        canary = canary_status(config=config, log_text=server.log_text())
-    return ConfigResult(config=config.name, status=status, workloads=workloads, canary=canary,
-                        startup_s=startup_s, duration_s=time.monotonic() - started)
+        note = server_note(config=config, log_text=server.log_text())
+    return ConfigResult(config=config.name, run=run, status=status, workloads=results,
+                        server_note=note, startup_s=startup_s,
+                        duration_s=time.monotonic() - started, command=command,
+                        log_path=str(launch.log_path), kv_pool_tokens=limits.kv_tokens,
+                        max_running_requests=limits.max_running_requests)
 
 
-MeasureConfig = Callable[..., ConfigResult]
+class MeasureConfig(Protocol):
+    """Measures one server as :func:`measure_config` does (a stand-in in tests)."""
+
+    def __call__(self, *, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig,
+                 run: int, workloads: Sequence[Workload], repeats: int, deadline: Deadline,
+                 log_dir: pathlib.Path,
+                 estimates: Mapping[str, WorkloadEstimate]) -> ConfigResult: ...
+
+
+def _measured_any(result: ConfigResult) -> bool:
+    return any(measured.rounds for measured in result.workloads.values())
 
 
 def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
-                       configs: Sequence[ServerConfig], repeats: int, deadline: Deadline,
-                       log_dir: pathlib.Path,
+                       configs: Sequence[ServerConfig], workloads: Sequence[Workload],
+                       repeats: int, deadline: Deadline, log_dir: pathlib.Path,
+                       repeat_first: bool,
                        measure: MeasureConfig = measure_config) -> Iterator[ConfigResult]:
-    """Each configuration's result, in order. A configuration starts only if the last fully
-    measured one of this model (at first ``model.first_config_estimate_s``) took less than
-    what is left of ``deadline``; else it is ``skipped: time budget``."""
-    estimate_s = model.first_config_estimate_s
-    for config in configs:
-        if not deadline.allows(estimate_s):
-            yield ConfigResult(config=config.name,
-                               status=f"skipped: time budget ({estimate_s:.0f} s needed, "
+    """Each server's result, in run order: every configuration once, then (``repeat_first``
+    and more than one configuration) the first configuration again as run 2.
+
+    A server starts only if the estimate of one server (the duration of the last fully measured
+    one of this model; before that, ``model.first_config_estimate_s``) is left, plus, from the
+    third server on, as much again kept for the final repeat; else it is ``skipped: time
+    budget``. Those servers measure against a deadline earlier by the time
+    kept. (The second server gets the whole budget: a comparison comes before the drift
+    check.) The repeat is skipped, and no time is kept for it, when the first server measured
+    nothing; it is also skipped when no other server measured anything.
+    """
+    repeat_planned = repeat_first and len(configs) > 1
+    plan = [(config, 1) for config in configs] + ([(configs[0], 2)] if repeat_planned else [])
+    estimate_s = model.first_config_estimate_s(workloads=workloads, repeats=repeats)
+    estimates: dict[str, WorkloadEstimate] = {}
+    first: ConfigResult | None = None
+    others_measured = False
+    for position, (config, run) in enumerate(plan):
+        first_measured = first is not None and _measured_any(first)
+        if run > 1 and not (first_measured and others_measured):
+            why = ("the first server of this configuration measured nothing" if not
+                   first_measured else "no other server measured anything")
+            yield ConfigResult(config=config.name, run=run, status=f"skipped: {why}")
+            continue
+        keep_s = 0.0
+        if run == 1 and position >= 2 and repeat_planned and first_measured:
+            keep_s = estimate_s
+        if not deadline.allows(estimate_s + keep_s):
+            kept = f" + {keep_s:.0f} s kept for {configs[0].name}#2" if keep_s else ""
+            yield ConfigResult(config=config.name, run=run,
+                               status=f"skipped: time budget ({estimate_s:.0f} s needed{kept}, "
                                       f"{max(deadline.remaining_s(), 0.0):.0f} s left)")
             continue
-        result = measure(model=model, model_dir=model_dir, config=config, repeats=repeats,
-                         deadline=deadline, log_dir=log_dir)
-        if result.status == "measured":
+        result = measure(model=model, model_dir=model_dir, config=config, run=run,
+                         workloads=workloads, repeats=repeats,
+                         deadline=deadline.earlier_by(keep_s), log_dir=log_dir,
+                         estimates=dict(estimates))
+        if first is None:
+            first = result
+        elif _measured_any(result):
+            others_measured = True
+        if result.status == MEASURED:
             estimate_s = result.duration_s
+        for name, measured in result.workloads.items():
+            if measured.rounds:
+                estimates[name] = WorkloadEstimate(warm_up_s=measured.warm_up_s,
+                                                   round_s=measured.longest_round_s)
         yield result
 
 
-# ----------------------------------------------------------------------------- the table
+# ----------------------------------------------------------------------------- the report
 
-def _ratio(value: float | None, base: float | None) -> float | None:
-    return None if value is None or base is None else value / base
-
-
-def _difference(value: float | None, base: float | None) -> float | None:
-    return None if value is None or base is None else value - base
-
-
-def table_rows(results: Sequence[ConfigResult]) -> list[Row]:
-    """One row per result; ratios against the ``off`` and ``oracle`` results when present."""
-    by_name = {result.config: result for result in results}
-
-    def metric(result: ConfigResult | None, workload: Workload,
-               read: Callable[[WorkloadResult], float]) -> float | None:
-        measured = None if result is None else result.workloads.get(workload.name)
-        return None if measured is None else read(measured)
-
-    def decode(r: ConfigResult | None) -> float | None:
-        return metric(r, DECODE, lambda w: w.output_tok_s)
-
-    def step_ms(r: ConfigResult | None) -> float | None:
-        return metric(r, BS1, lambda w: w.ms_per_step)
-
-    def prefill(r: ConfigResult | None) -> float | None:
-        return metric(r, PREFILL, lambda w: w.prompt_tok_s)
-
-    off, oracle = by_name.get("off"), by_name.get("oracle")
-    rows = []
-    for result in results:
-        vs_oracle = (_ratio(decode(result), decode(oracle)),
-                     _ratio(step_ms(oracle), step_ms(result)),  # throughput = 1 / step time
-                     _ratio(prefill(result), prefill(oracle)))
-        known = [ratio for ratio in vs_oracle if ratio is not None]
-        rows.append(Row(
-            config=result.config,
-            decode_tok_s=decode(result),
-            decode_vs_off=_ratio(decode(result), decode(off)),
-            decode_vs_oracle=vs_oracle[0],
-            bs1_ms_per_step=step_ms(result),
-            bs1_added_ms_vs_off=_difference(step_ms(result), step_ms(off)),
-            bs1_added_ms_vs_oracle=_difference(step_ms(result), step_ms(oracle)),
-            prefill_tok_s=prefill(result),
-            prefill_vs_off=_ratio(prefill(result), prefill(off)),
-            prefill_vs_oracle=vs_oracle[2],
-            worst_vs_oracle=min(known) if known else None,
-            canary=result.canary,
-        ))
-    return rows
+def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
+                 results: Sequence[ConfigResult]) -> dict[str, dict[str, object]]:
+    """Per workload: its rows, the target verdicts and the notes (what is printed)."""
+    tables = {}
+    for workload in workloads:
+        rows = workload_rows(workload=workload, results=results, baselines=BASELINES,
+                             vs_oracle=VS_ORACLE)
+        tables[workload.name] = {
+            "rows": rows,
+            "verdicts": check_targets(workload=workload, rows=rows, targets=model.targets),
+            "notes": workload_notes(workload=workload, results=results),
+        }
+    return tables
 
 
-# (header, Row attribute, number format); every column is right-aligned but the first and last.
-_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("decode64 tok/s", "decode_tok_s", "{:.0f}"),
-    ("/off", "decode_vs_off", "{:.3f}"),
-    ("/oracle", "decode_vs_oracle", "{:.3f}"),
-    ("bs1 ms/step", "bs1_ms_per_step", "{:.3f}"),
-    ("+ms/off", "bs1_added_ms_vs_off", "{:+.3f}"),
-    ("+ms/oracle", "bs1_added_ms_vs_oracle", "{:+.3f}"),
-    ("prefill tok/s", "prefill_tok_s", "{:.0f}"),
-    ("/off", "prefill_vs_off", "{:.3f}"),
-    ("/oracle", "prefill_vs_oracle", "{:.3f}"),
-    ("worst/oracle", "worst_vs_oracle", "{:.3f}"),
-)
+def baselines_line(configs: Sequence[str]) -> str:
+    """Which configuration each of ``configs`` (those of a run) is compared with."""
+    pairs = []
+    for name in configs:
+        baseline = BASELINES[name]
+        if baseline is not None:
+            pairs.append(f"{name} vs {baseline}" if baseline in configs
+                         else f"{name}: no baseline ({baseline} not in this run)")
+    return "baselines: " + "; ".join(pairs + ["NAME#2 vs NAME#1"])
 
 
-def format_table(*, model: ModelShape, results: Sequence[ConfigResult], repeats: int) -> str:
-    """The table of one model: a title, a header, one row per configuration, the SPEC §11
-    targets, and one note per configuration that was not fully measured."""
-    rows = table_rows(results)
-    name_width = max([len("config")] + [len(row.config) for row in rows])
-    cells = [[("-" if getattr(row, attribute) is None
-               else template.format(getattr(row, attribute)))
-              for _, attribute, template in _COLUMNS] for row in rows]
-    widths = [max([len(header)] + [len(line[index]) for line in cells])
-              for index, (header, _, _) in enumerate(_COLUMNS)]
-
-    def line(name: str, values: Sequence[str], canary: str) -> str:
-        numbers = "  ".join(value.rjust(width) for value, width in zip(values, widths))
-        return f"{name.ljust(name_width)}  {numbers}  {canary}".rstrip()
-
-    text = [f"== {model.name}: {model.describe()}; median of {repeats} ==",
-            line("config", [header for header, _, _ in _COLUMNS], "canary")]
-    text += [line(row.config, values, row.canary) for row, values in zip(rows, cells)]
-    text.append(f"targets (SPEC 11): all-checks >= {model.throughput_target:.3f}x of canary "
-                f"off on every workload (worst/oracle), <= +{MAX_ADDED_MS_PER_STEP:.3f} "
-                "ms/step (+ms/oracle); off = 1.000x of stock")
-    text += [f"note: {result.config}: {result.status}"
-             for result in results if result.status != "measured"]
-    return "\n".join(text)
+def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
+                        results: Sequence[ConfigResult], repeats: int) -> str:
+    """The printed report of one model: a title, the baselines and how noise is estimated,
+    one block per workload, and one note per server that was not fully measured."""
+    text = [f"== {model.name}: {model.describe()}; median of {repeats} measured rounds per "
+            "workload ==",
+            "server args: " + " ".join(launch_args(model=model, config=CONFIGS["off"])[0]
+                                       + model.server_args)
+            + f" --sampling-backend (per configuration); stock-piecewise: without "
+              f"{DISABLE_PIECEWISE_FLAG}",
+            baselines_line(list(dict.fromkeys(result.config for result in results))),
+            NOISE_NOTE, ""]
+    for workload in workloads:
+        table = model_tables(model=model, workloads=[workload], results=results)[workload.name]
+        text.append(format_workload_table(workload=workload, rows=table["rows"],
+                                          verdicts=table["verdicts"], notes=table["notes"]))
+        text.append("")
+    text += [f"server {result.label}: {result.status}"
+             for result in results if result.status != MEASURED]
+    return "\n".join(text).rstrip()
 
 
 def progress_line(*, model: ModelShape, result: ConfigResult) -> str:
-    """One line printed as soon as a configuration is done."""
-    parts = [f"[{model.name}] {result.config}: {result.status}"]
+    """One line printed as soon as a server is done."""
+    parts = [f"[{model.name}] {result.label}: {result.status}"]
     if result.startup_s:
         parts.append(f"ready in {result.startup_s:.0f} s, done in {result.duration_s:.0f} s")
-    measured = result.workloads
-    if DECODE.name in measured:
-        parts.append(f"decode64 {measured[DECODE.name].output_tok_s:.0f} tok/s")
-    if BS1.name in measured:
-        parts.append(f"bs1 {measured[BS1.name].ms_per_step:.3f} ms/step")
-    if PREFILL.name in measured:
-        parts.append(f"prefill32 {measured[PREFILL.name].prompt_tok_s:.0f} tok/s")
-    if result.canary != "-":
-        parts.append(f"canary {result.canary}")
+    if result.kv_pool_tokens is not None:
+        parts.append(f"KV pool {result.kv_pool_tokens} tokens")
+    for name, measured in result.workloads.items():
+        if not measured.rounds:
+            parts.append(f"{name} {measured.status}")
+            continue
+        last = measured.rounds[-1]
+        kind = WORKLOADS_BY_NAME[name].throughput
+        parts.append(f"{name} {last.tok_s(kind):.0f} {kind} tok/s, TTFT "
+                     f"{1e3 * last.mean_ttft_s:.1f} ms, {last.step_ms:.3f} ms/step")
+    if result.server_note != "-":
+        parts.append(result.server_note)
     return "; ".join(parts)
 
 
@@ -531,10 +694,18 @@ def progress_line(*, model: ModelShape, result: ConfigResult) -> str:
 class BenchOptions:
     models: tuple[str, ...]
     configs: tuple[str, ...]
+    workloads: tuple[str, ...]
     repeats: int
     out: pathlib.Path | None
     log_dir: pathlib.Path | None
     time_budget_s: float
+    repeat_first: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {**{key: value for key, value in dataclasses.asdict(self).items()
+                   if key not in ("out", "log_dir")},
+                "out": None if self.out is None else str(self.out),
+                "log_dir": None if self.log_dir is None else str(self.log_dir)}
 
 
 def _names(parser: argparse.ArgumentParser, *, option: str, text: str,
@@ -551,19 +722,27 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     """The options; bad values exit with status 2 and a message naming the option."""
     parser = argparse.ArgumentParser(prog="bench_server_overhead.py",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of {', '.join(MODELS)} (default: all)")
+    parser.add_argument("--models", default="8b",
+                        help=f"comma-separated, in run order, of {', '.join(MODELS)} "
+                             "(default: 8b)")
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"comma-separated, in run order, of {', '.join(CONFIGS)} "
+                             "(default: all, in this order: the headline comparison first)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS_BY_NAME),
+                        help=f"comma-separated, in run order, of {', '.join(WORKLOADS_BY_NAME)} "
                              "(default: all)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="measured rounds per workload; the median is reported (default 3)")
     parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="also write every number as JSON here")
+                        help="also write every number as JSON here (rewritten after each server)")
     parser.add_argument("--log-dir", type=pathlib.Path, default=None,
                         help="keep the server logs here (default: a new temporary directory)")
-    parser.add_argument("--time-budget-s", type=float, default=540.0,
-                        help="stop starting new work after this many seconds (default 540)")
+    parser.add_argument("--time-budget-s", type=float, default=DEFAULT_TIME_BUDGET_S,
+                        help="start no work that would end later than this many seconds after "
+                             f"the start (default {DEFAULT_TIME_BUDGET_S:.0f})")
+    parser.add_argument("--repeat-first", action=argparse.BooleanOptionalAction, default=True,
+                        help="start the first configuration again at the end to show drift "
+                             "(default: on)")
     namespace = parser.parse_args(argv)
     if namespace.repeats < 1:
         parser.error(f"--repeats={namespace.repeats} is invalid; allowed: an integer >= 1")
@@ -573,8 +752,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
         models=_names(parser, option="--models", text=namespace.models, allowed=list(MODELS)),
         configs=_names(parser, option="--configs", text=namespace.configs,
                        allowed=list(CONFIGS)),
+        workloads=_names(parser, option="--workloads", text=namespace.workloads,
+                         allowed=list(WORKLOADS_BY_NAME)),
         repeats=namespace.repeats, out=namespace.out, log_dir=namespace.log_dir,
-        time_budget_s=namespace.time_budget_s,
+        time_budget_s=namespace.time_budget_s, repeat_first=namespace.repeat_first,
     )
 
 
@@ -587,32 +768,54 @@ def make_model(model: ModelShape, *, directory: pathlib.Path) -> pathlib.Path:
     )
 
 
+def _jsonable(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    return value
+
+
 def report_json(*, options: BenchOptions,
                 results: Mapping[str, Sequence[ConfigResult]]) -> dict[str, object]:
-    """Every number of the run so far (raw rounds, medians, table rows) and its settings."""
+    """Every number of the run so far (raw rounds, medians, ratios, noise, verdicts), the
+    servers' command lines and log paths, and the settings."""
+    workloads = [WORKLOADS_BY_NAME[name] for name in options.workloads]
     return {
         "sglang_version": importlib.metadata.version("sglang"),
-        "base_server_args": list(TINY_MODEL_SERVER_ARGS),
-        "repeats": options.repeats,
-        "workloads": [dataclasses.asdict(workload) for workload in WORKLOADS],
-        "configs": {name: {"env": dict(CONFIGS[name].env),
-                           "sampling_backend": CONFIGS[name].sampling_backend}
-                    for name in options.configs},
+        "options": options.to_json(),
+        "noise": NOISE_NOTE,
+        "workloads": {workload.name: {**dataclasses.asdict(workload),
+                                      "kv_tokens": workload.kv_tokens}
+                      for workload in workloads},
+        "configs": {name: CONFIGS[name].to_json() for name in options.configs},
         "models": {
-            name: {"shape": dataclasses.asdict(MODELS[name]),
+            name: {"shape": {**dataclasses.asdict(MODELS[name]),
+                             "kv_bytes_per_token": MODELS[name].kv_bytes_per_token},
+                   "server_args": {config: list(sum(launch_args(model=MODELS[name],
+                                                                config=CONFIGS[config]), ()))
+                                   for config in options.configs},
+                   "targets": [dataclasses.asdict(target) for target in MODELS[name].targets],
                    "results": [result.to_json() for result in model_results],
-                   "table": [dataclasses.asdict(row) for row in table_rows(model_results)]}
+                   "tables": _jsonable(model_tables(model=MODELS[name], workloads=workloads,
+                                                    results=model_results))}
             for name, model_results in results.items()
         },
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_config) -> int:
+    """Run the benchmark (``measure`` measures one server: :func:`measure_config`, or a
+    stand-in in tests); always 0: missing figures are reported, never raised."""
     options = parse_args(argv)
     deadline = Deadline.after(options.time_budget_s)
     log_dir = options.log_dir or pathlib.Path(tempfile.mkdtemp(prefix="kv_canary_bench_logs_"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    print(f"server logs: {log_dir}", flush=True)
+    workloads = [WORKLOADS_BY_NAME[name] for name in options.workloads]
+    configs = [CONFIGS[name] for name in options.configs]
+    print(f"server logs: {log_dir}; time budget {options.time_budget_s:.0f} s", flush=True)
     results: dict[str, list[ConfigResult]] = {}
     with tempfile.TemporaryDirectory(prefix="kv_canary_bench_models_") as models_root:
         for name in options.models:
@@ -620,9 +823,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_dir = make_model(model, directory=pathlib.Path(models_root) / name)
             results[name] = []
             for result in iter_model_results(
-                model=model, model_dir=model_dir,
-                configs=[CONFIGS[config] for config in options.configs],
+                model=model, model_dir=model_dir, configs=configs, workloads=workloads,
                 repeats=options.repeats, deadline=deadline, log_dir=log_dir,
+                repeat_first=options.repeat_first, measure=measure,
             ):
                 results[name].append(result)
                 print(progress_line(model=model, result=result), flush=True)
@@ -630,8 +833,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     options.out.write_text(
                         json.dumps(report_json(options=options, results=results), indent=1)
                         + "\n", encoding="utf-8")
-            print("\n" + format_table(model=model, results=results[name],
-                                      repeats=options.repeats) + "\n", flush=True)
+            print("\n" + format_model_report(model=model, workloads=workloads,
+                                             results=results[name], repeats=options.repeats)
+                  + "\n", flush=True)
     return 0
 
 

@@ -20,7 +20,6 @@ import argparse
 import random
 import statistics
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -32,6 +31,8 @@ from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (
     ReqToVerifyExpectedTokens,
     TokenHistorySyncMode,
 )
+
+from timing import event_time_us, graph_time_us  # sibling module: this directory is on sys.path
 
 
 class _Req:
@@ -107,34 +108,6 @@ def _host_report(*, num_requests: int, history: int, steps: int, device: str) ->
                   f"{r['populate_ms']:>13.3f}{total_ms:>11.3f}{int(r['tokens']):>12}")
 
 
-def _gpu_time_us(fn: Callable[[], None], *, launches: int = 20, repeats: int = 10) -> float:
-    """GPU time of one ``fn`` call: ``launches`` calls captured in a CUDA graph, replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    return _event_time_us(graph.replay, repeats=repeats) / launches
-
-
-def _event_time_us(fn: Callable[[], None], *, repeats: int = 20) -> float:
-    """Median time of one ``fn`` call between CUDA events (host launch overhead included)."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def _kernel_report() -> None:
     print("\n== scatter kernel (CUDA): Triton vs torch reference ==")
     print("kernel us: GPU time (launches replayed from a CUDA graph); call us: one eager call "
@@ -154,14 +127,15 @@ def _kernel_report() -> None:
             "history_lens_out": torch.zeros(batch_size + 1, dtype=torch.int64, device="cuda"),
         }
         moved = num_tokens * (8 + 4) + batch_size * 32
-        kernel_us = _gpu_time_us(lambda: launch_scatter_req_token_ids_kernel(**inputs))
-        call_us = _event_time_us(lambda: launch_scatter_req_token_ids_kernel(**inputs))
-        reference_us = _event_time_us(lambda: scatter_req_token_ids_torch_reference(**inputs))
+        kernel_us = graph_time_us(fn=lambda: launch_scatter_req_token_ids_kernel(**inputs)).median
+        call_us = event_time_us(fn=lambda: launch_scatter_req_token_ids_kernel(**inputs)).median
+        reference_us = event_time_us(
+            fn=lambda: scatter_req_token_ids_torch_reference(**inputs)).median
         print(f"{batch_size:>7}{num_tokens:>10}{kernel_us:>11.1f}{moved / kernel_us / 1e3:>7.0f}"
               f"{call_us:>9.1f}{reference_us:>14.1f}{reference_us / call_us:>9.1f}x")
     copy_source = torch.empty(3 << 20, dtype=torch.int64, device="cuda")
     copy_target = torch.empty_like(copy_source)
-    copy_us = _gpu_time_us(lambda: copy_target.copy_(copy_source))
+    copy_us = graph_time_us(fn=lambda: copy_target.copy_(copy_source)).median
     print(f"for scale: a device-to-device copy of 24 MiB (read + write 48 MiB) takes "
           f"{copy_us:.1f} us ({2 * copy_source.nbytes / copy_us / 1e3:.0f} GB/s)")
 

@@ -1,7 +1,9 @@
 """Timers shared by the benchmark scripts (kernel, token history, server).
 
-GPU timers need CUDA; :func:`spread` and :func:`host_time_us` run anywhere. Every function is
-keyword-only and returns microseconds (or a :class:`Spread` of them).
+GPU timers need CUDA; :func:`spread`, :func:`ratio`, :func:`difference` and :func:`host_time_us`
+run anywhere. The timers are keyword-only and return microseconds (or a :class:`Spread` of them);
+:func:`spread`, :func:`ratio` and :func:`difference` summarize numbers of any unit (the server
+benchmark's ms and tok/s).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ class Spread:
     relative_spread: float
     samples: int
 
+    @property
+    def half_width(self) -> float:
+        """Half of (max - min), in the unit of ``median``: the "±" of :meth:`describe`."""
+        return abs(self.median) * self.relative_spread / 2
+
     def describe(self, *, unit: str = "") -> str:
         return f"{self.median:.3f}{unit} (±{100 * self.relative_spread / 2:.1f}%, n={self.samples})"
 
@@ -35,6 +42,32 @@ def spread(values: Sequence[float]) -> Spread:
         relative_spread=width / median if median else 0.0,
         samples=len(values),
     )
+
+
+def ratio(*, numerator: Spread, denominator: Spread) -> Spread:
+    """``numerator.median / denominator.median`` with the two relative spreads added: to first
+    order, the widest the ratio of any sample of one to any sample of the other can swing."""
+    if not denominator.median:
+        raise ValueError("ratio() needs a denominator with a non-zero median")
+    return Spread(
+        median=numerator.median / denominator.median,
+        relative_spread=numerator.relative_spread + denominator.relative_spread,
+        samples=min(numerator.samples, denominator.samples),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Difference:
+    """A difference of two medians and its noise: the two half-widths added (same unit)."""
+
+    value: float
+    half_width: float
+
+
+def difference(*, minuend: Spread, subtrahend: Spread) -> Difference:
+    """``minuend.median - subtrahend.median``, with the two half-widths added."""
+    return Difference(value=minuend.median - subtrahend.median,
+                      half_width=minuend.half_width + subtrahend.half_width)
 
 
 def host_time_us(*, fn: Callable[[], object], repeats: int = 20) -> Spread:

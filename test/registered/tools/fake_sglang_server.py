@@ -1,11 +1,17 @@
 """A stand-in for ``python -m sglang.launch_server`` that the server-tool tests launch.
 
 Takes the launcher's ``--host/--port/--model-path`` (other flags ignored) and serves ``/health``,
-``/generate`` (echo), ``/flush_cache`` and ``/abort_request``. Behaviour from the environment:
+``/generate`` (echo; a batch of ``input_ids`` with ``"stream": true`` is streamed as SGLang 0.5.12
+streams it with a large ``stream_interval``: per request a first-token chunk, then per request a
+final chunk, each with ``index`` and ``meta_info``, then ``data: [DONE]``, HTTP/1.1 chunked),
+``/flush_cache`` and ``/abort_request``. It logs a scheduler-like pool line
+(``max_total_num_tokens=... max_running_requests=... context_len=...``). Behaviour from the
+environment:
 FAKE_SERVER_MODE = serve (default) | exit (print a refusal, exit 3) | hang (never listen);
 FAKE_SERVER_READY_DELAY_S (default 0): /health answers 503 until then;
 FAKE_SERVER_CHILD_PID_FILE: start a child process in the same group and write its pid there;
-FAKE_SERVER_IGNORE_SIGTERM=1: survive SIGTERM (the launcher must escalate to SIGKILL).
+FAKE_SERVER_IGNORE_SIGTERM=1: survive SIGTERM (the launcher must escalate to SIGKILL);
+FAKE_SERVER_MAX_TOTAL_TOKENS (default 614400): the pool size it logs.
 """
 
 import argparse
@@ -43,6 +49,8 @@ def main() -> None:
     aborted: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # streamed answers use chunked transfer encoding
+
         def log_message(self, *args: object) -> None:
             print("fake server request:", self.command, self.path, flush=True)
 
@@ -53,6 +61,31 @@ def main() -> None:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _stream(self, payload: dict) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def event(body: object) -> None:
+                data = b"data: " + (body if isinstance(body, bytes) else
+                                    json.dumps(body).encode()) + b"\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            prompts = payload["input_ids"]
+            new_tokens = payload.get("sampling_params", {}).get("max_new_tokens", 1)
+            for finished in (False, True):
+                for index, prompt in enumerate(prompts):
+                    tokens = new_tokens if finished else 1
+                    event({"index": index, "output_ids": list(range(tokens)), "meta_info": {
+                        "id": f"r{index}", "prompt_tokens": len(prompt),
+                        "completion_tokens": tokens,
+                        "finish_reason": {"type": "length", "length": tokens} if finished
+                        else None}})
+            event(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
 
         def do_GET(self) -> None:
             if self.path == "/health":
@@ -68,6 +101,9 @@ def main() -> None:
             if self.path == "/generate":
                 if payload.get("fail"):
                     self._answer(400, {"error": "asked to fail"})
+                    return
+                if payload.get("stream") and isinstance(payload.get("input_ids"), list):
+                    self._stream(payload)
                     return
                 new_tokens = payload.get("sampling_params", {}).get("max_new_tokens", 1)
                 texts = payload.get("text")
@@ -86,6 +122,8 @@ def main() -> None:
                 self._answer(404, {"error": self.path})
 
     print("KV canary enabled: mode=log (fake)", flush=True)
+    print(f"max_total_num_tokens={os.environ.get('FAKE_SERVER_MAX_TOTAL_TOKENS', '614400')}, "
+          "chunked_prefill_size=8192, max_running_requests=2048, context_len=40960", flush=True)
     http.server.ThreadingHTTPServer((options.host, options.port), Handler).serve_forever()
 
 

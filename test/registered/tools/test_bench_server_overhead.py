@@ -1,61 +1,70 @@
-"""``benchmark/bench_server_overhead.py`` without a server: options, workloads, the time budget,
-start-up refusal reasons, the canary status read from a log, the table and the JSON, on fake
-measurements."""
+"""``benchmark/bench_server_overhead.py`` without a GPU: options, configurations and their server
+flags, workloads and their payloads, TTFT and decode-step parsing of streamed answers, pool
+limits read from a log, the time budget (skips, the kept time and the final repeat of the first
+configuration), the table with baselines, noise and target verdicts, and the JSON. Real HTTP
+against ``fake_sglang_server.py`` (a stand-in for ``sglang.launch_server``) for the streamed
+rounds, one whole server and ``main``."""
 
-import importlib.util
+import functools
 import json
 import pathlib
 import sys
+import time
 
 import pytest
 
+from sglang.srt.kv_canary.tools.server import ServerLaunch, start_server
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="kv-canary-cpu")
+register_cpu_ci(est_time=30, suite="kv-canary-cpu")
 
-_BENCH_PATH = (pathlib.Path(__file__).resolve().parents[3] / "benchmark"
-               / "bench_server_overhead.py")
+_HERE = pathlib.Path(__file__).resolve().parent
+_BENCH_DIR = _HERE.parents[2] / "benchmark"
+sys.path.insert(0, str(_BENCH_DIR))  # the script imports its sibling modules by name
 
+import bench_server_overhead as bench  # noqa: E402
+import server_overhead_table as table  # noqa: E402
+import server_workloads as workloads  # noqa: E402
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_server_overhead", _BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
-ALL_CONFIGS = ("off", "oracle", "canary", "canary+partial", "all-checks", "stock")
+ALL_CONFIGS = ("off", "all-checks", "canary", "canary+partial", "oracle", "stock",
+               "stock-piecewise")
+ALL_WORKLOADS = ("decode64", "bs1", "prefill32", "prefill64x512", "decode64_8k", "bs1_32k")
 
 
 # ----------------------------------------------------------------------------- options
 
-def test_defaults() -> None:
+def test_defaults_let_the_8b_model_run_in_a_10_minute_command() -> None:
     options = bench.parse_args([])
-    assert options.models == ("tiny", "8b")
+    assert options.models == ("8b",)
     assert options.configs == ALL_CONFIGS
-    assert (options.repeats, options.time_budget_s) == (3, 540.0)
+    assert options.workloads == ALL_WORKLOADS
+    assert (options.repeats, options.time_budget_s, options.repeat_first) == (3, 570.0, True)
     assert options.out is None and options.log_dir is None
+    model = bench.MODELS["8b"]
+    one_server_s = model.first_config_estimate_s(
+        workloads=[workloads.WORKLOADS_BY_NAME[name] for name in ALL_WORKLOADS], repeats=3)
+    assert 2 * one_server_s <= options.time_budget_s  # off and all-checks fit
 
 
 def test_lists_keep_order_and_drop_repeats(tmp_path: pathlib.Path) -> None:
     options = bench.parse_args([
         "--models", "8b, tiny,8b", "--configs", "oracle,all-checks,oracle", "--repeats", "5",
-        "--out", str(tmp_path / "bench.json"), "--log-dir", str(tmp_path / "logs"),
-        "--time-budget-s", "100",
+        "--workloads", "bs1_32k,decode64", "--out", str(tmp_path / "bench.json"),
+        "--log-dir", str(tmp_path / "logs"), "--time-budget-s", "100", "--no-repeat-first",
     ])
     assert options.models == ("8b", "tiny")
     assert options.configs == ("oracle", "all-checks")
-    assert (options.repeats, options.time_budget_s) == (5, 100.0)
+    assert options.workloads == ("bs1_32k", "decode64")
+    assert (options.repeats, options.time_budget_s, options.repeat_first) == (5, 100.0, False)
     assert options.out == tmp_path / "bench.json" and options.log_dir == tmp_path / "logs"
 
 
 @pytest.mark.parametrize("argv,fragment", [
     (["--models", "tiny,70b"], "--models='tiny,70b' is invalid; allowed: a comma-separated list "
-                               "of tiny, 8b"),
+                               "of 8b, tiny"),
     (["--models", ","], "--models=',' is invalid"),
     (["--configs", "off,canary-all"], "--configs='off,canary-all' is invalid"),
+    (["--workloads", "decode64,decode128"], "--workloads='decode64,decode128' is invalid"),
     (["--repeats", "0"], "--repeats=0 is invalid; allowed: an integer >= 1"),
     (["--time-budget-s", "0"], "--time-budget-s=0.0 is invalid; allowed: > 0"),
 ])
@@ -67,12 +76,13 @@ def test_bad_options_exit_2_naming_the_option(argv: list[str], fragment: str,
     assert fragment in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- what runs
+# ----------------------------------------------------------------------------- configurations
 
 def test_configs_differ_only_in_what_they_name() -> None:
     configs = bench.CONFIGS
     assert tuple(configs) == ALL_CONFIGS
     assert configs["off"].env == {} and configs["off"].sampling_backend == "pytorch"
+    assert dict(configs["stock"].env) == dict(configs["stock-piecewise"].env)
     assert "SGLANG_PLUGINS" in configs["stock"].env
     oracle = dict(configs["oracle"].env)
     assert oracle == {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"}
@@ -85,21 +95,35 @@ def test_configs_differ_only_in_what_they_name() -> None:
         "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1",
     }
     assert [name for name, config in configs.items() if config.canary_on] == [
-        "canary", "canary+partial", "all-checks"]
+        "all-checks", "canary", "canary+partial"]
+    assert [name for name, config in configs.items() if config.piecewise_cuda_graph] == [
+        "stock-piecewise"]
 
 
-def test_round_payloads_are_distinct_per_round_and_equal_per_config() -> None:
-    workload = bench.PREFILL
-    first = bench.round_payload(workload=workload, vocab_size=4096, round_index=1)
-    assert first == bench.round_payload(workload=workload, vocab_size=4096, round_index=1)
-    prompts = first["input_ids"]
-    assert len(prompts) == 32 and {len(prompt) for prompt in prompts} == {2048}
-    assert min(min(p) for p in prompts) >= 5 and max(max(p) for p in prompts) < 4096
-    assert len({tuple(prompt[:8]) for prompt in prompts}) == 32
-    second = bench.round_payload(workload=workload, vocab_size=4096, round_index=2)
-    assert not {tuple(p[:8]) for p in prompts} & {tuple(p[:8]) for p in second["input_ids"]}
-    assert first["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.0,
-                                        "ignore_eos": True}
+def test_every_ratio_has_a_declared_baseline() -> None:
+    assert bench.BASELINES == {
+        "off": "stock", "all-checks": "off", "canary": "off", "canary+partial": "off",
+        "oracle": "off", "stock": "stock-piecewise", "stock-piecewise": None}
+    assert bench.VS_ORACLE == {"all-checks", "canary", "canary+partial"}
+    assert bench.baselines_line(["off", "all-checks", "stock-piecewise"]) == (
+        "baselines: off: no baseline (stock not in this run); all-checks vs off; "
+        "NAME#2 vs NAME#1")
+
+
+def test_launch_args_name_every_flag_once() -> None:
+    base, args = bench.launch_args(model=bench.MODELS["8b"], config=bench.CONFIGS["all-checks"])
+    command = [*base, *args]
+    flags = [arg for arg in command if arg.startswith("--")]
+    assert len(flags) == len(set(flags))
+    assert "--disable-piecewise-cuda-graph" in command
+    assert args == ("--context-length", "40960", "--max-total-tokens", "614400",
+                    "--mem-fraction-static", "0.8", "--sampling-backend", "token_oracle")
+    assert command[command.index("--load-format") + 1] == "dummy"
+    base, args = bench.launch_args(model=bench.MODELS["tiny"],
+                                   config=bench.CONFIGS["stock-piecewise"])
+    assert "--disable-piecewise-cuda-graph" not in base
+    assert base[base.index("--mem-fraction-static") + 1] == "0.3"  # tiny keeps the default
+    assert args[-2:] == ("--sampling-backend", "pytorch")
 
 
 def test_the_8b_model_has_the_qwen3_8b_shape(tmp_path: pathlib.Path) -> None:
@@ -111,88 +135,168 @@ def test_the_8b_model_has_the_qwen3_8b_shape(tmp_path: pathlib.Path) -> None:
         "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings")} == {
         "num_hidden_layers": 36, "hidden_size": 4096, "num_attention_heads": 32,
         "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
-        "vocab_size": 151936, "max_position_embeddings": 4096}
+        "vocab_size": 151936, "max_position_embeddings": 40960}
+    assert bench.MODELS["8b"].kv_bytes_per_token == 144 * 1024
 
 
-# ----------------------------------------------------------------------------- the time budget
+# ----------------------------------------------------------------------------- workloads
 
-class _FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_budget_skips_configs_that_no_longer_fit_and_goes_on() -> None:
-    clock = _FakeClock()
-    deadline = bench.Deadline.after(250.0, clock=clock)
-    measured = []
-
-    def measure(*, config, **_: object):
-        measured.append(config.name)
-        clock.now += 100.0
-        return bench.ConfigResult(config=config.name, status="measured", duration_s=100.0)
-
-    results = list(bench.iter_model_results(
-        model=bench.MODELS["tiny"], model_dir=pathlib.Path("unused"),
-        configs=[bench.CONFIGS[name] for name in ("off", "oracle", "canary", "all-checks")],
-        repeats=3, deadline=deadline, log_dir=pathlib.Path("unused"), measure=measure,
-    ))
-    assert measured == ["off", "oracle"]  # 90 s <= 250 left, 100 <= 150 left, 100 > 50 left
-    assert [result.status for result in results[2:]] == [
-        "skipped: time budget (100 s needed, 50 s left)"] * 2
+def test_workloads_and_the_pool_they_need() -> None:
+    by_name = workloads.WORKLOADS_BY_NAME
+    assert tuple(by_name) == ALL_WORKLOADS
+    assert (by_name["prefill64x512"].num_requests, by_name["prefill64x512"].prompt_tokens) == (
+        64, 512)
+    assert by_name["decode64_8k"].kv_tokens == 64 * (8192 + 256) <= bench.MAX_TOTAL_TOKENS
+    assert by_name["bs1_32k"].context_tokens == 32768 + 256 <= bench.CONTEXT_LENGTH
+    assert [name for name, w in by_name.items() if w.step_target] == ["decode64_8k"]
+    assert [name for name, w in by_name.items() if w.cached_prefix_tokens] == [
+        "decode64_8k", "bs1_32k"]
+    with pytest.raises(ValueError, match="new_tokens >= 2"):
+        workloads.Workload(name="x", num_requests=1, prompt_tokens=8, new_tokens=1,
+                           throughput="output")
+    with pytest.raises(ValueError, match="cached_prefix_tokens=8 is invalid"):
+        workloads.Workload(name="x", num_requests=1, prompt_tokens=8, new_tokens=2,
+                           throughput="output", cached_prefix_tokens=8)
 
 
-def test_a_refused_config_does_not_set_the_estimate() -> None:
-    clock = _FakeClock()
-    deadline = bench.Deadline.after(95.0, clock=clock)
-
-    def measure(*, config, **_: object):
-        clock.now += 10.0
-        return bench.ConfigResult(config=config.name, status="refused: X", duration_s=10.0)
-
-    results = list(bench.iter_model_results(
-        model=bench.MODELS["tiny"], model_dir=pathlib.Path("unused"),
-        configs=[bench.CONFIGS["all-checks"], bench.CONFIGS["off"]], repeats=1,
-        deadline=deadline, log_dir=pathlib.Path("unused"), measure=measure,
-    ))
-    assert [result.status for result in results] == [
-        "refused: X", "skipped: time budget (90 s needed, 85 s left)"]
+def test_round_payloads_are_streamed_distinct_per_round_and_equal_per_config() -> None:
+    workload = workloads.WORKLOADS_BY_NAME["prefill32"]
+    first = workloads.round_payload(workload=workload, vocab_size=4096, round_index=1)
+    assert first == workloads.round_payload(workload=workload, vocab_size=4096, round_index=1)
+    prompts = first["input_ids"]
+    assert len(prompts) == 32 and {len(prompt) for prompt in prompts} == {2048}
+    assert min(min(p) for p in prompts) >= 5 and max(max(p) for p in prompts) < 4096
+    assert len({tuple(prompt[:8]) for prompt in prompts}) == 32
+    second = workloads.round_payload(workload=workload, vocab_size=4096, round_index=2)
+    assert not {tuple(p[:8]) for p in prompts} & {tuple(p[:8]) for p in second["input_ids"]}
+    assert first["stream"] is True
+    assert first["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.0,
+                                        "ignore_eos": True, "stream_interval": 8}
 
 
-class _FakeServer:
-    """``flush_cache`` and ``generate`` of a RunningServer; each batch costs ``cost_s`` of
-    the fake clock."""
-
-    def __init__(self, clock: _FakeClock, *, cost_s: float) -> None:
-        self.clock, self.cost_s, self.batches = clock, cost_s, []
-
-    def flush_cache(self) -> bool:
-        return True
-
-    def generate(self, payload: dict) -> list[dict]:
-        self.clock.now += self.cost_s
-        self.batches.append(payload)
-        new_tokens = payload["sampling_params"]["max_new_tokens"]
-        return [{"meta_info": {"prompt_tokens": len(prompt), "completion_tokens": new_tokens}}
-                for prompt in payload["input_ids"]]
+def test_a_cached_prefix_is_the_same_in_every_round() -> None:
+    workload = workloads.Workload(name="long", num_requests=3, prompt_tokens=40, new_tokens=4,
+                                  throughput="output", cached_prefix_tokens=32)
+    rounds = [workloads.round_payload(workload=workload, vocab_size=4096, round_index=index)
+              for index in range(3)]
+    prefixes = [[prompt[:32] for prompt in payload["input_ids"]] for payload in rounds]
+    assert prefixes[0] == prefixes[1] == prefixes[2]
+    assert len({tuple(prefix) for prefix in prefixes[0]}) == 3  # distinct per request
+    tails = {tuple(prompt[32:]) for payload in rounds for prompt in payload["input_ids"]}
+    assert len(tails) == 9
 
 
-def test_measure_workload_warms_up_then_measures_what_fits() -> None:
-    clock = _FakeClock()
-    server = _FakeServer(clock, cost_s=10.0)
-    result = bench.measure_workload(server, workload=bench.BS1, vocab_size=4096, repeats=3,
-                                    deadline=bench.Deadline.after(35.0, clock=clock))
-    assert len(server.batches) == 3  # warm-up (25 s left), round 1 (15 s left), round 2 (5 s)
-    assert server.batches[0] != server.batches[1]
-    assert result.wall_s == (10.0, 10.0)
-    assert (result.num_requests, result.prompt_tokens, result.output_tokens) == (1, 128, 512)
-    assert bench.measure_workload(server, workload=bench.BS1, vocab_size=4096, repeats=3,
-                                  deadline=bench.Deadline.after(5.0, clock=clock)) is None
+# ----------------------------------------------------------------------------- streamed answers
+
+def _chunk(index: int, *, tokens: int, finished: bool, prompt: int = 16) -> bytes:
+    meta = {"id": f"r{index}", "prompt_tokens": prompt, "completion_tokens": tokens,
+            "finish_reason": {"type": "length"} if finished else None}
+    return b"data: " + json.dumps({"index": index, "meta_info": meta}).encode() + b"\n"
+
+
+def test_ttft_and_decode_step_from_the_stream() -> None:
+    collector = workloads.StreamCollector(num_requests=2, new_tokens=5, started=10.0)
+    lines = [(10.2, _chunk(1, tokens=1, finished=False)), (10.2, b"\n"), (10.2, b": ping\n"),
+             (10.3, _chunk(0, tokens=1, finished=False)),
+             (10.7, _chunk(1, tokens=5, finished=True)),
+             (11.1, _chunk(0, tokens=5, finished=True))]
+    assert all(collector.feed(line=line, at=at) for at, line in lines)
+    assert collector.feed(line=b"data: [DONE]\n", at=11.2) is False
+    timing = collector.timing()
+    assert timing.ttft_s == pytest.approx((0.3, 0.2))
+    assert timing.mean_ttft_s == pytest.approx(0.25)
+    assert timing.wall_s == pytest.approx(1.2)
+    assert timing.decode_s == pytest.approx(0.8)  # the last first token -> the last final chunk
+    assert timing.step_ms == pytest.approx(200.0)  # 4 decode steps after the first token
+    assert (timing.prompt_tokens, timing.output_tokens) == (32, 10)
+    assert timing.tok_s("output") == pytest.approx(10 / 1.2)
+    assert timing.tok_s("prompt") == pytest.approx(32 / 1.2)
+
+
+def test_a_request_finishing_in_its_first_chunk_has_its_ttft_there() -> None:
+    collector = workloads.StreamCollector(num_requests=1, new_tokens=2, started=0.0)
+    collector.feed(line=_chunk(0, tokens=2, finished=True), at=0.5)
+    collector.feed(line=b"data: [DONE]", at=0.6)
+    timing = collector.timing()
+    assert timing.ttft_s == (0.5,) and timing.decode_s == 0.0
+
+
+@pytest.mark.parametrize("lines,fragment", [
+    ([b'data: {"error": {"message": "boom"}}'], "the server streamed an error: {'message'"),
+    ([b'data: {"index": 7, "meta_info": {}}'], "a chunk has index 7; expected 0..1"),
+])
+def test_bad_chunks_are_errors(lines: list[bytes], fragment: str) -> None:
+    collector = workloads.StreamCollector(num_requests=2, new_tokens=4, started=0.0)
+    with pytest.raises(workloads.StreamError) as error:
+        for line in lines:
+            collector.feed(line=line, at=1.0)
+    assert fragment in str(error.value)
+
+
+def test_an_incomplete_stream_is_an_error() -> None:
+    collector = workloads.StreamCollector(num_requests=2, new_tokens=4, started=0.0)
+    collector.feed(line=_chunk(0, tokens=4, finished=True), at=1.0)
+    with pytest.raises(workloads.StreamError, match=r"before data: \[DONE\]"):
+        collector.timing()
+    collector.feed(line=b"data: [DONE]", at=1.0)
+    with pytest.raises(workloads.StreamError, match="1 of 2 requests did not stream .* request 1"):
+        collector.timing()
+
+
+def _fake_launch(tmp_path: pathlib.Path, **overrides: object) -> ServerLaunch:
+    settings = dict(model_dir=tmp_path, log_path=tmp_path / "logs" / "server.log",
+                    env={"PYTHONPATH": str(_HERE)}, server_module="fake_sglang_server",
+                    ready_timeout_s=30.0, request_timeout_s=10.0, stop_timeout_s=5.0)
+    settings.update(overrides)
+    return ServerLaunch(**settings)
+
+
+def test_rounds_stream_over_http_and_flush_as_the_workload_says(tmp_path: pathlib.Path) -> None:
+    long = workloads.Workload(name="long", num_requests=3, prompt_tokens=40, new_tokens=6,
+                              throughput="output", cached_prefix_tokens=32)
+    short = workloads.Workload(name="short", num_requests=2, prompt_tokens=8, new_tokens=3,
+                               throughput="prompt")
+    with start_server(_fake_launch(tmp_path)) as server:
+        server.wait_ready()
+        timings = [workloads.run_round(server, workload=workload, vocab_size=4096,
+                                       round_index=index, timeout_s=10.0, clock=time.monotonic)
+                   for workload in (long, short) for index in range(3)]
+        flushes = server.log_text().count("POST /flush_cache")
+    assert flushes == 1 + 3  # the cached-prefix workload before its warm-up only
+    assert [len(timing.ttft_s) for timing in timings] == [3, 3, 3, 2, 2, 2]
+    assert timings[0].output_tokens == 18 and timings[0].prompt_tokens == 120
+    assert all(0 < max(t.ttft_s) <= t.wall_s and 0 <= t.decode_s <= t.wall_s for t in timings)
+
+
+def test_an_unreachable_server_is_a_stream_error() -> None:
+    payload = workloads.round_payload(workload=workloads.WORKLOADS_BY_NAME["bs1"],
+                                      vocab_size=4096, round_index=0)
+    with pytest.raises(workloads.StreamError, match="POST /generate to http://127.0.0.1:9 "):
+        workloads.stream_generate(base_url="http://127.0.0.1:9", payload=payload,
+                                  timeout_s=2.0, clock=lambda: 0.0)
 
 
 # ----------------------------------------------------------------------------- server logs
+
+def test_pool_limits_come_from_the_scheduler_line() -> None:
+    log = ("x\n[2026] max_total_num_tokens=131072, chunked_prefill_size=8192, "
+           "max_prefill_tokens=16384, max_running_requests=48, context_len=4096, "
+           "available_gpu_mem=37.81 GB\n")
+    limits = bench.read_pool_limits(log)
+    assert limits == bench.PoolLimits(kv_tokens=131072, max_running_requests=48,
+                                      context_len=4096)
+    by_name = workloads.WORKLOADS_BY_NAME
+    assert bench.misfit(workload=by_name["decode64_8k"], limits=limits) == (
+        "does not fit (KV pool 131072 tokens < 540672 needed)")
+    assert bench.misfit(workload=by_name["decode64"], limits=limits) == (
+        "does not fit (max_running_requests 48 < 64)")
+    assert bench.misfit(workload=by_name["bs1_32k"], limits=bench.PoolLimits(
+        kv_tokens=None, max_running_requests=None, context_len=4096)) == (
+        "does not fit (context 4096 < 33024 tokens)")
+    assert bench.misfit(workload=by_name["bs1"], limits=limits) is None
+    assert bench.read_pool_limits("nothing") == bench.PoolLimits(
+        kv_tokens=None, max_running_requests=None, context_len=None)
+
 
 def test_refusal_reason_prefers_the_canary_error() -> None:
     log = "\n".join([
@@ -214,114 +318,388 @@ def test_refusal_reason_takes_the_first_traceback_line_then_the_fallback() -> No
     assert len(bench.refusal_reason(log_text="ValueError: " + "v" * 999, fallback="")) == 240
 
 
-def test_canary_status_reads_the_log() -> None:
+def test_server_note_reads_the_log() -> None:
     canary, oracle = bench.CONFIGS["canary"], bench.CONFIGS["oracle"]
+    piecewise = bench.CONFIGS["stock-piecewise"]
     started = "[2026 TP0] KV canary enabled: mode=log real_data=none token_oracle=on\n"
     stats = ("[2026 TP0] KV canary stats: protected 1234 tokens (slots verified), 99 slots "
              "written, 1 violations, 100 steps\n")
     violation = ("[2026 TP0] kv_canary violation: check=pre_verify reasons=verify_position "
                  "slot=7\n")
-    assert bench.canary_status(config=oracle, log_text=started) == "-"
-    assert bench.canary_status(config=canary, log_text="nothing\n") == "NOT RUNNING"
+    assert bench.server_note(config=oracle, log_text=started) == "-"
+    assert bench.server_note(config=canary, log_text="nothing\n") == "canary NOT RUNNING"
     assert bench.canary_status(
         config=canary, log_text="KV canary enabled: mode=none token_oracle=on\n") == "NOT RUNNING"
     assert bench.canary_status(config=canary, log_text=started) == (
         "on, no stats line, 0 violations")
-    assert bench.canary_status(config=canary, log_text=started + stats + violation) == (
-        "on, 1234 tokens checked, 1 violations")
+    assert bench.server_note(config=canary, log_text=started + stats + violation) == (
+        "canary on, 1234 tokens checked, 1 violations")
+    assert bench.server_note(config=piecewise, log_text="x") == (
+        "piecewise CUDA graph NOT captured")
+    assert bench.server_note(
+        config=piecewise, log_text="Capture piecewise CUDA graph end. Time elapsed: 9 s") == (
+        "piecewise CUDA graph captured")
+
+
+# ----------------------------------------------------------------------------- the time budget
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timing(*, wall_s: float = 1.0, ttft_s: tuple[float, ...] = (0.1,), decode_s: float = 0.5,
+            new_tokens: int = 11, prompt_tokens: int = 100,
+            output_tokens: int = 11) -> workloads.RoundTiming:
+    return workloads.RoundTiming(wall_s=wall_s, ttft_s=ttft_s, decode_s=decode_s,
+                                 new_tokens=new_tokens, prompt_tokens=prompt_tokens,
+                                 output_tokens=output_tokens)
+
+
+def _runner(clock: _FakeClock, costs: list[float], calls: list[int]):
+    """A round runner whose rounds cost ``costs`` (in order) on ``clock``."""
+    def run(server: object, *, round_index: int, clock: _FakeClock, **_: object):
+        calls.append(round_index)
+        clock.now += costs[len(calls) - 1]
+        return _timing(wall_s=costs[len(calls) - 1])
+    return run
+
+
+def _estimate(warm_up_s: float, round_s: float):
+    return bench.WorkloadEstimate(warm_up_s=warm_up_s, round_s=round_s)
+
+
+def test_measure_workload_warms_up_then_measures_what_fits() -> None:
+    clock, calls = _FakeClock(), []
+    bs1 = workloads.WORKLOADS_BY_NAME["bs1"]
+    result = bench.measure_workload(
+        None, workload=bs1, vocab_size=4096, repeats=3, timeout_s=1.0,
+        deadline=bench.Deadline.after(35.0, clock=clock), estimate=_estimate(5.0, 10.0),
+        round_runner=_runner(clock, [10.0, 10.0, 10.0], calls))
+    assert calls == [0, 1, 2]  # warm-up (25 s left), round 1 (15 s left), round 2 (5 s left)
+    assert result.status == "partial: time budget (2 of 3 rounds)"
+    assert [timing.wall_s for timing in result.rounds] == [10.0, 10.0]
+    assert result.warm_up.wall_s == 10.0
+    assert (result.warm_up_s, result.longest_round_s) == (10.0, 10.0)
+
+
+def test_measured_rounds_are_budgeted_by_rounds_not_by_the_warm_up() -> None:
+    clock, calls = _FakeClock(), []
+    long = workloads.WORKLOADS_BY_NAME["decode64_8k"]
+    result = bench.measure_workload(
+        None, workload=long, vocab_size=4096, repeats=3, timeout_s=1.0,
+        deadline=bench.Deadline.after(45.0, clock=clock), estimate=_estimate(30.0, 5.0),
+        round_runner=_runner(clock, [30.0, 4.0, 5.0, 4.0], calls))
+    assert calls == [0, 1, 2, 3] and result.status == "measured"  # 15 s left after the warm-up
+    assert (result.warm_up_s, result.longest_round_s) == (30.0, 5.0)
+    clock, calls = _FakeClock(), []
+    result = bench.measure_workload(
+        None, workload=long, vocab_size=4096, repeats=3, timeout_s=1.0,
+        deadline=bench.Deadline.after(45.0, clock=clock), estimate=_estimate(30.0, 16.0),
+        round_runner=_runner(clock, [30.0], calls))
+    assert calls == [0] and result.status == "skipped: time budget (after the warm-up round)"
+
+
+def test_a_warm_up_that_does_not_fit_is_skipped() -> None:
+    clock, calls = _FakeClock(), []
+    result = bench.measure_workload(
+        None, workload=workloads.WORKLOADS_BY_NAME["bs1"], vocab_size=4096, repeats=3,
+        timeout_s=1.0, deadline=bench.Deadline.after(20.0, clock=clock),
+        estimate=_estimate(25.0, 1.0), round_runner=_runner(clock, [], calls))
+    assert calls == [] and result.status == "skipped: time budget (25 s needed, 20 s left)"
+    assert result.rounds == () and result.warm_up is None
+
+
+def _iterate(clock: _FakeClock, *, budget_s: float, configs: tuple[str, ...], cost_s: float,
+             statuses: dict[str, str] | None = None, repeat_first: bool = True,
+             seen: list | None = None) -> list:
+    """Results of ``iter_model_results`` on the tiny model with stand-in servers that cost
+    ``cost_s`` each and measure one bs1 round (unless ``statuses`` says otherwise)."""
+    def measure(*, config, run, deadline, estimates, **_: object):
+        if seen is not None:
+            seen.append((config.name, run, deadline.end, dict(estimates)))
+        clock.now += cost_s
+        status = (statuses or {}).get(config.name, "measured")
+        rounds = {} if status.startswith("refused") else {"bs1": table.WorkloadResult(
+            workload="bs1", status="measured", rounds=(_timing(),), warm_up=_timing(),
+            warm_up_s=7.0, longest_round_s=3.0)}
+        return table.ConfigResult(config=config.name, run=run, status=status, workloads=rounds,
+                                  duration_s=cost_s)
+
+    return list(bench.iter_model_results(
+        model=bench.MODELS["tiny"], model_dir=pathlib.Path("unused"),
+        configs=[bench.CONFIGS[name] for name in configs],
+        workloads=[workloads.WORKLOADS_BY_NAME["bs1"]], repeats=3,
+        deadline=bench.Deadline.after(budget_s, clock=clock), log_dir=pathlib.Path("unused"),
+        repeat_first=repeat_first, measure=measure))
+
+
+def test_the_first_configuration_is_repeated_at_the_end() -> None:
+    clock, seen = _FakeClock(), []
+    results = _iterate(clock, budget_s=1000.0, configs=("off", "all-checks", "canary"),
+                       cost_s=100.0, seen=seen)
+    assert [(r.label, r.run) for r in results] == [
+        ("off", 1), ("all-checks", 1), ("canary", 1), ("off#2", 2)]
+    first_estimate = bench.MODELS["tiny"].first_config_estimate_s(
+        workloads=[workloads.WORKLOADS_BY_NAME["bs1"]], repeats=3)
+    assert first_estimate == pytest.approx(110.0 + 1.0 + 3 * 0.8)
+    end = 1000.0 + 1000.0
+    # the third server measures against a deadline earlier by the last server's duration
+    assert [entry[2] for entry in seen] == [end, end, end - 100.0, end]
+    assert seen[0][3] == {}  # the model's estimates; then what the last server measured
+    assert seen[1][3] == {"bs1": bench.WorkloadEstimate(warm_up_s=7.0, round_s=3.0)}
+
+
+def test_budget_skips_what_no_longer_fits_and_keeps_time_for_the_repeat() -> None:
+    clock = _FakeClock()
+    results = _iterate(clock, budget_s=350.0,
+                       configs=("off", "all-checks", "canary", "oracle"), cost_s=100.0)
+    # off: 113 s estimated <= 350; all-checks: 100 <= 250 (nothing kept for the second
+    # server); canary: 100 + 100 kept > 150 left; oracle likewise; off#2: 100 <= 150.
+    assert [(r.label, r.status) for r in results] == [
+        ("off", "measured"), ("all-checks", "measured"),
+        ("canary", "skipped: time budget (100 s needed + 100 s kept for off#2, 150 s left)"),
+        ("oracle", "skipped: time budget (100 s needed + 100 s kept for off#2, 150 s left)"),
+        ("off#2", "measured")]
+
+
+def test_the_repeat_is_skipped_when_the_first_or_every_other_server_measured_nothing() -> None:
+    results = _iterate(_FakeClock(), budget_s=1000.0, configs=("all-checks", "off"),
+                       cost_s=10.0, statuses={"all-checks": "refused: CanaryConfigError: x"})
+    assert [(r.label, r.status) for r in results] == [
+        ("all-checks", "refused: CanaryConfigError: x"), ("off", "measured"),
+        ("all-checks#2", "skipped: the first server of this configuration measured nothing")]
+    results = _iterate(_FakeClock(), budget_s=1000.0, configs=("off", "all-checks"),
+                       cost_s=10.0, statuses={"all-checks": "refused: CanaryConfigError: x"})
+    assert results[-1].status == "skipped: no other server measured anything"
+    results = _iterate(_FakeClock(), budget_s=1000.0, configs=("off", "all-checks"),
+                       cost_s=10.0, repeat_first=False)
+    assert [r.label for r in results] == ["off", "all-checks"]
+    assert [r.label for r in _iterate(_FakeClock(), budget_s=1000.0, configs=("off",),
+                                      cost_s=10.0)] == ["off"]
+
+
+def test_a_refused_config_does_not_set_the_estimate() -> None:
+    results = _iterate(_FakeClock(), budget_s=120.0, configs=("all-checks", "off"),
+                       cost_s=10.0, statuses={"all-checks": "refused: X"}, repeat_first=False)
+    assert [result.status for result in results] == [
+        "refused: X", "skipped: time budget (113 s needed, 110 s left)"]
+
+
+# ----------------------------------------------------------------------------- one real server
+
+def test_measure_config_against_a_stand_in_server(tmp_path: pathlib.Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(_HERE))
+    monkeypatch.setenv("FAKE_SERVER_MAX_TOTAL_TOKENS", "100000")
+    model = bench.MODELS["tiny"]
+    chosen = [workloads.WORKLOADS_BY_NAME[name] for name in ("bs1", "decode64_8k")]
+    result = bench.measure_config(
+        model=model, model_dir=bench.make_model(model, directory=tmp_path / "model"),
+        config=bench.CONFIGS["canary"], run=2, workloads=chosen, repeats=2,
+        deadline=bench.Deadline.after(60.0), log_dir=tmp_path / "logs", estimates={},
+        server_module="fake_sglang_server")
+    assert result.status == "measured" and result.label == "canary#2"
+    assert result.log_path == str(tmp_path / "logs" / "tiny-canary-run2.log")
+    assert pathlib.Path(result.log_path).is_file()
+    assert result.command[1:3] == ("-m", "fake_sglang_server")
+    assert result.command[-2:] == ("--sampling-backend", "token_oracle")
+    assert (result.kv_pool_tokens, result.max_running_requests) == (100000, 2048)
+    assert result.server_note.startswith("canary on")
+    bs1 = result.workloads["bs1"]
+    assert bs1.status == "measured" and len(bs1.rounds) == 2 and bs1.warm_up is not None
+    assert bs1.rounds[0].output_tokens == 512 and len(bs1.rounds[0].ttft_s) == 1
+    assert result.workloads["decode64_8k"].status == (
+        "skipped: does not fit (KV pool 100000 tokens < 540672 needed)")
 
 
 # ----------------------------------------------------------------------------- the table
 
-def _measured(name: str, *, decode_walls: tuple[float, ...], bs1_wall: float,
-              prefill_wall: float, canary: str = "-") -> object:
-    workloads = {
-        "decode64": bench.WorkloadResult(workload="decode64", num_requests=64,
-                                         wall_s=decode_walls, prompt_tokens=64 * 128,
-                                         output_tokens=64 * 256),
-        "bs1": bench.WorkloadResult(workload="bs1", num_requests=1, wall_s=(bs1_wall,),
-                                    prompt_tokens=128, output_tokens=512),
-        "prefill32": bench.WorkloadResult(workload="prefill32", num_requests=32,
-                                          wall_s=(prefill_wall,), prompt_tokens=32 * 2048,
-                                          output_tokens=32 * 8),
-    }
-    return bench.ConfigResult(config=name, status="measured", workloads=workloads,
-                              canary=canary, startup_s=30.0, duration_s=60.0)
+def _measured(name: str, *, run: int = 1, tok_s: tuple[float, ...], ttft_ms: tuple[float, ...],
+              step_ms: tuple[float, ...], note: str = "-") -> table.ConfigResult:
+    """A server whose bs1-shaped rounds give these output tok/s, mean TTFT and ms/step."""
+    rounds = tuple(_timing(wall_s=11 / rate, ttft_s=(ttft / 1e3,), decode_s=step * 10 / 1e3)
+                   for rate, ttft, step in zip(tok_s, ttft_ms, step_ms))
+    return table.ConfigResult(
+        config=name, run=run, status="measured", server_note=note,
+        workloads={"w": table.WorkloadResult(workload="w", status="measured", rounds=rounds)})
 
 
-def _fake_results() -> list:
+_W = workloads.Workload(name="w", num_requests=1, prompt_tokens=100, new_tokens=11,
+                        throughput="output", step_target=True)
+
+
+def _fake_results() -> list[table.ConfigResult]:
     return [
-        _measured("off", decode_walls=(1.0, 9.0, 0.5), bs1_wall=0.512, prefill_wall=0.5),
-        _measured("oracle", decode_walls=(1.0,), bs1_wall=0.512, prefill_wall=0.5),
-        _measured("canary", decode_walls=(1.25,), bs1_wall=0.5632, prefill_wall=0.64,
-                  canary="on, 999 tokens checked, 0 violations"),
-        bench.ConfigResult(config="all-checks", status="refused: CanaryConfigError: not wired"),
+        _measured("off", tok_s=(100.0, 100.0), ttft_ms=(10.0, 10.0), step_ms=(5.0, 5.0)),
+        _measured("all-checks", tok_s=(98.0, 99.0, 97.0), ttft_ms=(10.5, 10.5, 10.5),
+                  step_ms=(5.2, 5.2, 5.2), note="canary on, 9 tokens checked, 0 violations"),
+        _measured("oracle", tok_s=(99.0,), ttft_ms=(10.0,), step_ms=(5.1,)),
+        table.ConfigResult(config="canary", status="refused: CanaryConfigError: not wired"),
+        _measured("off", run=2, tok_s=(90.0, 110.0), ttft_ms=(11.0, 9.0), step_ms=(5.0, 5.0)),
     ]
 
 
-def test_medians_and_derived_numbers() -> None:
-    off = _fake_results()[0].workloads
-    assert off["decode64"].median_wall_s == 1.0
-    assert off["decode64"].output_tok_s == 16384.0
-    assert off["bs1"].ms_per_step == pytest.approx(1.0)
-    assert off["prefill32"].prompt_tok_s == 131072.0
+def test_rows_compare_with_the_declared_baseline_pooled_over_its_servers() -> None:
+    off, checks, oracle, refused, again = table.workload_rows(
+        workload=_W, results=_fake_results(), baselines=bench.BASELINES,
+        vs_oracle=bench.VS_ORACLE)
+    assert (off.label, off.baseline, off.tok_s_ratio) == ("off", "stock", None)
+    assert off.tok_s.median == pytest.approx(100.0) and off.tok_s.relative_spread == 0.0
+    # all-checks vs both off servers pooled: tok/s (100, 100, 90, 110) -> median 100, spread 20%
+    assert checks.baseline == "off"
+    assert checks.tok_s_ratio.median == pytest.approx(0.98)
+    assert checks.tok_s_ratio.relative_spread == pytest.approx(2 / 98 + 0.2)
+    assert checks.tok_s_ratio.half_width == pytest.approx(0.98 * (2 / 98 + 0.2) / 2)
+    assert checks.ttft_ratio.median == pytest.approx(1.05)
+    assert checks.step_added_ms.value == pytest.approx(0.2)
+    assert checks.tok_s_vs_oracle.median == pytest.approx(98 / 99)
+    assert oracle.tok_s_vs_oracle is None and oracle.baseline == "off"
+    assert refused.tok_s is None and refused.tok_s_ratio is None
+    assert (again.label, again.baseline) == ("off#2", "off#1")  # drift: vs the first server
+    assert again.tok_s_ratio.median == pytest.approx(1.0)
+    assert again.tok_s_ratio.relative_spread == pytest.approx(0.2)
 
 
-def test_rows_compare_with_off_and_oracle() -> None:
-    off, oracle, canary, refused = bench.table_rows(_fake_results())
-    assert (off.decode_vs_off, off.bs1_added_ms_vs_off, off.prefill_vs_off) == (1.0, 0.0, 1.0)
-    assert canary.decode_vs_oracle == 0.8 and canary.prefill_vs_oracle == 0.78125
-    assert canary.bs1_added_ms_vs_oracle == pytest.approx(0.1)
-    assert canary.worst_vs_oracle == 0.78125
-    assert refused.decode_tok_s is None and refused.worst_vs_oracle is None
-
-
-def test_rows_without_a_reference_have_no_ratio() -> None:
-    (canary,) = bench.table_rows(_fake_results()[2:3])
-    assert canary.decode_tok_s == pytest.approx(13107.2)
-    assert (canary.decode_vs_off, canary.decode_vs_oracle, canary.bs1_added_ms_vs_off,
-            canary.worst_vs_oracle) == (None, None, None, None)
+def test_targets_get_a_verdict_with_the_noise_beside_it() -> None:
+    rows = table.workload_rows(workload=_W, results=_fake_results(), baselines=bench.BASELINES,
+                               vs_oracle=bench.VS_ORACLE)
+    verdicts = table.check_targets(workload=_W, rows=rows, targets=bench.MODELS["8b"].targets)
+    assert [verdict.describe() for verdict in verdicts] == [
+        "all-checks tok/s >= 0.985x: 0.980 ±0.108 MISSED (within noise)",
+        "all-checks TTFT <= 1.03x: 1.050 ±0.105 MISSED (within noise)",
+        "all-checks +ms/step <= 0.1 ms: 0.200 ±0.000 MISSED",
+        "canary tok/s >= 0.995x: not measured"]
+    no_step = workloads.Workload(name="w", num_requests=1, prompt_tokens=100, new_tokens=11,
+                                 throughput="output")
+    assert [verdict.target for verdict in table.check_targets(
+        workload=no_step, rows=rows, targets=bench.MODELS["tiny"].targets)] == [
+        "all-checks tok/s >= 0.92x"]
 
 
 def test_table_text() -> None:
-    text = bench.format_table(model=bench.MODELS["tiny"], results=_fake_results(), repeats=3)
+    results = _fake_results()
+    rows = table.workload_rows(workload=_W, results=results, baselines=bench.BASELINES,
+                               vs_oracle=bench.VS_ORACLE)
+    verdicts = table.check_targets(workload=_W, rows=rows, targets=bench.MODELS["tiny"].targets)
+    text = table.format_workload_table(workload=_W, rows=rows, verdicts=verdicts,
+                                       notes=table.workload_notes(workload=_W, results=results))
     lines = text.splitlines()
-    assert lines[0] == ("== tiny: llama, 4 layers, hidden 256, 4/2 heads, vocab 4096, dummy "
-                        "weights; median of 3 ==")
-    assert lines[1].split() == [
-        "config", "decode64", "tok/s", "/off", "/oracle", "bs1", "ms/step", "+ms/off",
-        "+ms/oracle", "prefill", "tok/s", "/off", "/oracle", "worst/oracle", "canary"]
-    assert lines[2].split() == ["off", "16384", "1.000", "1.000", "1.000", "+0.000", "+0.000",
-                                "131072", "1.000", "1.000", "1.000", "-"]
-    assert lines[4].split() == ["canary", "13107", "0.800", "0.800", "1.100", "+0.100", "+0.100",
-                                "102400", "0.781", "0.781", "0.781", "on,", "999", "tokens", "checked,", "0",
-                                "violations"]
-    assert lines[5].split() == ["all-checks"] + ["-"] * 11
-    canary_column = lines[1].rindex("canary")  # every column aligned: the last starts together
-    assert all(line[canary_column - 2:canary_column + 1].startswith("  ")
-               and line[canary_column] != " " for line in lines[1:6])
-    assert lines[6].startswith("targets (SPEC 11): all-checks >= 0.920x")
-    assert lines[7] == "note: all-checks: refused: CanaryConfigError: not wired"
+    assert lines[0] == "w: 1 x 100-token prompts, 11 new tokens; throughput = output tok/s"
+    assert lines[1].split() == ["config", "vs", "tok/s", "x", "vs", "TTFT", "ms", "x", "vs",
+                                "ms/step", "+ms", "vs", "tok/s", "x", "oracle", "server", "log"]
+    assert lines[2].split() == ["off", "stock", "100", "±0.0%", "-", "10.0", "±0.0%", "-",
+                                "5.000", "±0.0%", "-", "-", "-"]
+    assert lines[3].split() == [
+        "all-checks", "off", "98", "±1.0%", "0.980", "±0.108", "10.5", "±0.0%", "1.050",
+        "±0.105", "5.200", "±0.0%", "+0.200", "±0.000", "0.990", "±0.010", "canary", "on,", "9",
+        "tokens", "checked,", "0", "violations"]
+    assert lines[5].split() == ["canary", "off"] + ["-"] * 8
+    assert lines[6].split()[:6] == ["off#2", "off#1", "100", "±10.0%", "1.000", "±0.100"]
+    server_log = lines[1].index("server log")  # every column aligned: the last starts together
+    assert all(line[server_log - 2:server_log] == "  " and line[server_log] != " "
+               for line in lines[1:7])
+    assert lines[7] == "  targets: all-checks tok/s >= 0.92x: 0.980 ±0.108 met (within noise)"
+    assert lines[8] == "  note: canary: refused: CanaryConfigError: not wired"
+
+
+def test_model_report_names_baselines_noise_and_every_workload() -> None:
+    results = [_measured("off", tok_s=(1.0,), ttft_ms=(1.0,), step_ms=(1.0,))]
+    results[0] = table.ConfigResult(config="off", status="partial: time budget",
+                                    workloads={"bs1": results[0].workloads["w"]})
+    text = bench.format_model_report(
+        model=bench.MODELS["tiny"], workloads=[workloads.WORKLOADS_BY_NAME[name]
+                                               for name in ("bs1", "decode64")],
+        results=results, repeats=3)
+    assert text.splitlines()[0].startswith("== tiny: llama, 4 layers, hidden 256")
+    assert "median of 3 measured rounds per workload" in text.splitlines()[0]
+    assert "stock-piecewise: without --disable-piecewise-cuda-graph" in text
+    assert "baselines: off: no baseline (stock not in this run)" in text
+    assert table.NOISE_NOTE in text
+    assert "\nbs1: 1 x 128-token prompts" in text and "\ndecode64: 64 x 128-token" in text
+    assert "  note: off: partial: time budget" in text  # decode64 was never started
+    assert text.endswith("server off: partial: time budget")
 
 
 def test_progress_line() -> None:
-    line = bench.progress_line(model=bench.MODELS["8b"], result=_fake_results()[2])
-    assert line == ("[8b] canary: measured; ready in 30 s, done in 60 s; decode64 13107 tok/s; "
-                    "bs1 1.100 ms/step; prefill32 102400 tok/s; canary on, 999 tokens checked, "
-                    "0 violations")
+    timing = _timing(wall_s=2.0, ttft_s=(0.02, 0.04), decode_s=1.0, new_tokens=11,
+                     output_tokens=22)
+    result = table.ConfigResult(
+        config="canary", status="measured", startup_s=30.0, duration_s=60.0,
+        kv_pool_tokens=614400, server_note="canary on, 9 tokens checked, 0 violations",
+        workloads={"bs1": table.WorkloadResult(workload="bs1", status="measured",
+                                               rounds=(timing,)),
+                   "decode64_8k": table.WorkloadResult(
+                       workload="decode64_8k", status="skipped: does not fit (x)")})
+    assert bench.progress_line(model=bench.MODELS["8b"], result=result) == (
+        "[8b] canary: measured; ready in 30 s, done in 60 s; KV pool 614400 tokens; bs1 11 "
+        "output tok/s, TTFT 30.0 ms, 100.000 ms/step; decode64_8k skipped: does not fit (x); "
+        "canary on, 9 tokens checked, 0 violations")
 
 
 def test_json_report_holds_every_number() -> None:
-    options = bench.parse_args(["--models", "tiny", "--configs", "off,oracle,canary,all-checks"])
+    options = bench.parse_args(["--models", "tiny", "--configs", "off,all-checks,oracle,canary",
+                                "--workloads", "bs1"])
+    results = _fake_results()
+    for index, result in enumerate(results):
+        if "w" in result.workloads:
+            workloads_ = {"bs1": table.WorkloadResult(
+                workload="bs1", status="measured", rounds=result.workloads["w"].rounds)}
+            results[index] = table.ConfigResult(config=result.config, run=result.run,
+                                                status=result.status, workloads=workloads_,
+                                                command=("python", "-m", "x"),
+                                                log_path=f"/logs/{result.label}.log")
     report = json.loads(json.dumps(bench.report_json(options=options,
-                                                     results={"tiny": _fake_results()})))
+                                                     results={"tiny": results})))
+    assert report["options"]["configs"] == ["off", "all-checks", "oracle", "canary"]
+    assert set(report["configs"]) == {"off", "all-checks", "oracle", "canary"}
+    assert report["configs"]["all-checks"]["baseline"] == "off"
+    assert report["workloads"]["bs1"]["kv_tokens"] == 640
     tiny = report["models"]["tiny"]
     assert tiny["shape"]["num_layers"] == 4
-    assert [r["status"] for r in tiny["results"]] == ["measured"] * 3 + [
-        "refused: CanaryConfigError: not wired"]
-    assert tiny["results"][0]["workloads"]["decode64"]["wall_s"] == [1.0, 9.0, 0.5]
-    assert tiny["table"][2]["decode_vs_oracle"] == 0.8
-    assert set(report["configs"]) == {"off", "oracle", "canary", "all-checks"}
+    assert "--disable-piecewise-cuda-graph" in tiny["server_args"]["off"]
+    assert [r["label"] for r in tiny["results"]] == [
+        "off", "all-checks", "oracle", "canary", "off#2"]
+    first = tiny["results"][0]
+    assert first["command"] == ["python", "-m", "x"] and first["log_path"] == "/logs/off.log"
+    assert first["workloads"]["bs1"]["rounds"][0]["ttft_s"] == [0.01]
+    assert first["workloads"]["bs1"]["rounds"][0]["step_ms"] == pytest.approx(5.0)
+    rows = tiny["tables"]["bs1"]["rows"]
+    assert rows[1]["label"] == "all-checks"
+    assert rows[1]["tok_s_ratio"]["median"] == pytest.approx(0.98)
+    assert rows[1]["tok_s_ratio"]["samples"] == 3
+    assert tiny["tables"]["bs1"]["verdicts"][0]["target"] == "all-checks tok/s >= 0.92x"
+    assert tiny["tables"]["bs1"]["notes"] == ["canary: refused: CanaryConfigError: not wired"]
+    assert "noise" in report and report["sglang_version"]
+
+
+# ----------------------------------------------------------------------------- main
+
+def test_main_writes_json_and_keeps_logs(tmp_path: pathlib.Path,
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(_HERE))
+    out, logs = tmp_path / "bench.json", tmp_path / "logs"
+    measure = functools.partial(bench.measure_config, server_module="fake_sglang_server")
+    assert bench.main(["--models", "tiny", "--configs", "off,all-checks", "--workloads",
+                       "bs1,prefill64x512", "--repeats", "1", "--out", str(out),
+                       "--log-dir", str(logs), "--time-budget-s", "300"],
+                      measure=measure) == 0
+    printed = capsys.readouterr().out
+    assert "[tiny] off: measured" in printed and "[tiny] off#2: measured" in printed
+    assert "prefill64x512: 64 x 512-token prompts" in printed
+    report = json.loads(out.read_text())
+    results = report["models"]["tiny"]["results"]
+    assert [r["label"] for r in results] == ["off", "all-checks", "off#2"]
+    assert sorted(path.name for path in logs.iterdir()) == [
+        "tiny-all-checks-run1.log", "tiny-off-run1.log", "tiny-off-run2.log"]
+    assert all(pathlib.Path(r["log_path"]).parent == logs for r in results)
+    rounds = results[1]["workloads"]["prefill64x512"]["rounds"]
+    assert len(rounds) == 1 and len(rounds[0]["ttft_s"]) == 64
+    assert report["models"]["tiny"]["tables"]["prefill64x512"]["rows"][1]["baseline"] == "off"
 
 
 if __name__ == "__main__":

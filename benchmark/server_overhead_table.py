@@ -1,0 +1,322 @@
+"""Results of ``bench_server_overhead.py`` and how they are compared and printed.
+
+Every number of a table is a median over measured rounds; its noise is half the spread across
+those rounds ((max - min) / 2, see ``timing.Spread``). A ratio's noise adds the two sides'
+relative spreads (``timing.ratio``), an added-ms figure the two half-widths
+(``timing.difference``). A configuration's baseline pools the rounds of every server of the
+baseline configuration in the run (the first configuration of a run is started again at its
+end), so drift between those servers widens the baseline's spread; the second server's own row
+(``NAME#2``) compares it with the first (``NAME#1``) and shows the drift itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from server_workloads import RoundTiming, Workload
+from timing import Difference, Spread, difference, ratio, spread
+
+MEASURED = "measured"
+
+NOISE_NOTE = (
+    "noise (the ± beside each figure): half of (max - min) across the measured rounds; for a "
+    "ratio the two sides' relative spreads added, for +ms the two half-widths added. A baseline "
+    "pools the rounds of every server of its configuration in this run (the run's first "
+    "configuration is started again at the end), so drift between those servers is part of its "
+    "spread; NAME#2 vs NAME#1 shows that drift.")
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadResult:
+    """One workload on one server.
+
+    Attributes:
+        workload: the workload's name.
+        status: ``measured`` (every round), ``partial: time budget`` (fewer rounds),
+            ``skipped: <why>`` (no round; e.g. the KV pool is too small or no time was left).
+        rounds: the measured rounds (empty when skipped).
+        warm_up: the warm-up round (None when skipped).
+        warm_up_s: the warm-up round's whole duration (flush and payload included).
+        longest_round_s: the longest measured round's whole duration (0.0: none).
+        The last two are the time budget's estimates for this workload on the next server.
+    """
+
+    workload: str
+    status: str
+    rounds: tuple[RoundTiming, ...] = ()
+    warm_up: RoundTiming | None = None
+    warm_up_s: float = 0.0
+    longest_round_s: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {"workload": self.workload, "status": self.status,
+                "warm_up_s": self.warm_up_s, "longest_round_s": self.longest_round_s,
+                "warm_up": None if self.warm_up is None else self.warm_up.to_json(),
+                "rounds": [timing.to_json() for timing in self.rounds]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigResult:
+    """One server: a configuration, started once (``run`` 1) or again at the end of the run
+    (``run`` 2).
+
+    Attributes:
+        config: the configuration's name.
+        run: 1, or 2 for the second server of the run's first configuration.
+        status: ``measured``, ``partial: ...`` (some rounds left out), ``refused: <reason>``
+            (the server stopped at start-up), ``failed: <reason>`` or ``skipped: <reason>``.
+        workloads: per workload name, what it measured (only workloads that were reached).
+        server_note: what the server log says of the canary or of piecewise CUDA graphs.
+        startup_s: launch to ready; duration_s: launch to stopped.
+        command: the server's command line (empty when it was not started).
+        log_path: the server's log file ("" when it was not started).
+        kv_pool_tokens, max_running_requests: as the server logged them (None: not found).
+    """
+
+    config: str
+    status: str
+    run: int = 1
+    workloads: Mapping[str, WorkloadResult] = field(default_factory=dict)
+    server_note: str = "-"
+    startup_s: float = 0.0
+    duration_s: float = 0.0
+    command: tuple[str, ...] = ()
+    log_path: str = ""
+    kv_pool_tokens: int | None = None
+    max_running_requests: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``config``, or ``config#2`` for a second server of the same configuration."""
+        return self.config if self.run == 1 else f"{self.config}#{self.run}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"config": self.config, "run": self.run, "label": self.label,
+                "status": self.status, "server_note": self.server_note,
+                "startup_s": self.startup_s, "duration_s": self.duration_s,
+                "command": list(self.command), "log_path": self.log_path,
+                "kv_pool_tokens": self.kv_pool_tokens,
+                "max_running_requests": self.max_running_requests,
+                "workloads": {name: result.to_json() for name, result in self.workloads.items()}}
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+MetricName = Literal["tok_s", "ttft", "step_added_ms"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """A bound on one configuration's figure vs its baseline.
+
+    ``tok_s`` and ``ttft`` bound the ratio to the baseline (``at_most`` False: ratio >= bound);
+    ``step_added_ms`` bounds the ms added per decode step and applies only to workloads with
+    ``step_target``.
+    """
+
+    config: str
+    metric: MetricName
+    bound: float
+    at_most: bool
+
+    def applies_to(self, workload: Workload) -> bool:
+        return self.metric != "step_added_ms" or workload.step_target
+
+    def describe(self) -> str:
+        what = {"tok_s": "tok/s", "ttft": "TTFT", "step_added_ms": "+ms/step"}[self.metric]
+        unit = " ms" if self.metric == "step_added_ms" else "x"
+        return f"{self.config} {what} {'<=' if self.at_most else '>='} {self.bound:g}{unit}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Row:
+    """One configuration's figures on one workload, and how they compare with its baseline.
+
+    None where the figure or its baseline was not measured. ``baseline`` is the label the ratios
+    compare with (a configuration name: all its servers pooled; ``NAME#1``: the first server).
+    """
+
+    label: str
+    baseline: str | None
+    tok_s: Spread | None
+    tok_s_ratio: Spread | None
+    ttft_ms: Spread | None
+    ttft_ratio: Spread | None
+    step_ms: Spread | None
+    step_added_ms: Difference | None
+    tok_s_vs_oracle: Spread | None
+    server_note: str
+
+    def figure(self, metric: MetricName) -> Spread | Difference | None:
+        return {"tok_s": self.tok_s_ratio, "ttft": self.ttft_ratio,
+                "step_added_ms": self.step_added_ms}[metric]
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _pooled(results: Sequence[ConfigResult], *, workload: Workload,
+            read: Callable[[RoundTiming], float]) -> Spread | None:
+    values = [read(timing) for result in results
+              if (measured := result.workloads.get(workload.name)) is not None
+              for timing in measured.rounds]
+    return spread(values) if values else None
+
+
+def _ratio(numerator: Spread | None, denominator: Spread | None) -> Spread | None:
+    if numerator is None or denominator is None or not denominator.median:
+        return None
+    return ratio(numerator=numerator, denominator=denominator)
+
+
+def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
+                  baselines: Mapping[str, str | None],
+                  vs_oracle: Collection[str]) -> list[Row]:
+    """One row per result, in order, on ``workload``.
+
+    Args:
+        baselines: per configuration, the configuration it is compared with (None or absent:
+            none). A second server (``run`` > 1) is compared with the first of its own
+            configuration instead.
+        vs_oracle: configurations that also get a throughput ratio to ``oracle``.
+    """
+    def tok_s(timing: RoundTiming) -> float:
+        return timing.tok_s(workload.throughput)
+
+    def ttft_ms(timing: RoundTiming) -> float:
+        return 1e3 * timing.mean_ttft_s
+
+    def step_ms(timing: RoundTiming) -> float:
+        return timing.step_ms
+
+    rows = []
+    for result in results:
+        if result.run > 1:
+            baseline_label: str | None = f"{result.config}#1"
+            reference = [r for r in results if r.config == result.config and r.run == 1]
+        else:
+            baseline_label = baselines.get(result.config)
+            reference = [r for r in results if r.config == baseline_label]
+        oracle = [r for r in results if r.config == "oracle"]
+        own = {name: _pooled([result], workload=workload, read=read)
+               for name, read in (("tok_s", tok_s), ("ttft", ttft_ms), ("step", step_ms))}
+        base = {name: _pooled(reference, workload=workload, read=read)
+                for name, read in (("tok_s", tok_s), ("ttft", ttft_ms), ("step", step_ms))}
+        rows.append(Row(
+            label=result.label,
+            baseline=baseline_label,
+            tok_s=own["tok_s"],
+            tok_s_ratio=_ratio(own["tok_s"], base["tok_s"]),
+            ttft_ms=own["ttft"],
+            ttft_ratio=_ratio(own["ttft"], base["ttft"]),
+            step_ms=own["step"],
+            step_added_ms=(None if own["step"] is None or base["step"] is None
+                           else difference(minuend=own["step"], subtrahend=base["step"])),
+            tok_s_vs_oracle=(_ratio(own["tok_s"], _pooled(oracle, workload=workload, read=tok_s))
+                             if result.config in vs_oracle and result.run == 1 else None),
+            server_note=result.server_note,
+        ))
+    return rows
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """A target checked on one workload: ``value`` is None when it was not measured."""
+
+    workload: str
+    target: str
+    value: float | None
+    half_width: float | None
+    met: bool | None
+    within_noise: bool
+
+    def describe(self) -> str:
+        if self.value is None:
+            return f"{self.target}: not measured"
+        state = "met" if self.met else "MISSED"
+        noise = " (within noise)" if self.within_noise else ""
+        return f"{self.target}: {self.value:.3f} ±{self.half_width:.3f} {state}{noise}"
+
+
+def check_targets(*, workload: Workload, rows: Sequence[Row],
+                  targets: Sequence[Target]) -> list[Verdict]:
+    """Each target that applies to ``workload``, checked on the first row of its configuration."""
+    verdicts = []
+    for target in targets:
+        if not target.applies_to(workload):
+            continue
+        row = next((row for row in rows if row.label == target.config), None)
+        figure = None if row is None else row.figure(target.metric)
+        if figure is None:
+            verdicts.append(Verdict(workload=workload.name, target=target.describe(), value=None,
+                                    half_width=None, met=None, within_noise=False))
+            continue
+        value = figure.value if isinstance(figure, Difference) else figure.median
+        met = value <= target.bound if target.at_most else value >= target.bound
+        verdicts.append(Verdict(workload=workload.name, target=target.describe(), value=value,
+                                half_width=figure.half_width, met=met,
+                                within_noise=abs(value - target.bound) <= figure.half_width))
+    return verdicts
+
+
+# ----------------------------------------------------------------------------- printing
+
+def _value(figure: Spread | None, template: str) -> str:
+    if figure is None:
+        return "-"
+    return f"{template.format(figure.median)} ±{100 * figure.relative_spread / 2:.1f}%"
+
+
+def _versus(figure: Spread | None) -> str:
+    return "-" if figure is None else f"{figure.median:.3f} ±{figure.half_width:.3f}"
+
+
+def _added(figure: Difference | None) -> str:
+    return "-" if figure is None else f"{figure.value:+.3f} ±{figure.half_width:.3f}"
+
+
+_HEADERS = ("config", "vs", "tok/s", "x vs", "TTFT ms", "x vs", "ms/step", "+ms vs",
+            "tok/s x oracle", "server log")
+
+
+def format_workload_table(*, workload: Workload, rows: Sequence[Row],
+                          verdicts: Sequence[Verdict], notes: Sequence[str]) -> str:
+    """A workload's block: its description, one line per row (columns aligned), the targets
+    with their verdicts, and ``notes`` (e.g. why a configuration has no figures)."""
+    cells = [[row.label, row.baseline or "-", _value(row.tok_s, "{:.0f}"),
+              _versus(row.tok_s_ratio), _value(row.ttft_ms, "{:.1f}"), _versus(row.ttft_ratio),
+              _value(row.step_ms, "{:.3f}"), _added(row.step_added_ms),
+              _versus(row.tok_s_vs_oracle), row.server_note] for row in rows]
+    widths = [max([len(header)] + [len(line[index]) for line in cells])
+              for index, header in enumerate(_HEADERS)]
+
+    def line(values: Sequence[str]) -> str:
+        left = [values[0].ljust(widths[0]), values[1].ljust(widths[1])]
+        numbers = [value.rjust(width) for value, width in zip(values[2:-1], widths[2:-1])]
+        return "  ".join(["  " + left[0], *left[1:], *numbers, values[-1]]).rstrip()
+
+    text = [f"{workload.name}: {workload.describe()}", line(_HEADERS)]
+    text += [line(values) for values in cells]
+    if verdicts:
+        text.append("  targets: " + "; ".join(verdict.describe() for verdict in verdicts))
+    text += [f"  note: {note}" for note in notes]
+    return "\n".join(text)
+
+
+def workload_notes(*, workload: Workload, results: Sequence[ConfigResult]) -> list[str]:
+    """Why a server has no (or fewer) rounds of ``workload``."""
+    notes = []
+    for result in results:
+        measured = result.workloads.get(workload.name)
+        if measured is not None and measured.status != MEASURED:
+            notes.append(f"{result.label}: {measured.status}")
+        elif measured is None and result.status != MEASURED:
+            notes.append(f"{result.label}: {result.status}")
+        elif measured is None:
+            notes.append(f"{result.label}: not reached")
+    return notes
