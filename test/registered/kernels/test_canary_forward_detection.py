@@ -288,7 +288,7 @@ def test_fingerprints_are_stored_by_post_and_verified_later(impl, device, real_d
 
 @pytest.mark.parametrize("real_data", ["partial", "all"])
 @pytest.mark.parametrize("source", [1, 2, 3])
-@pytest.mark.parametrize("offset", [0, 1, 2])
+@pytest.mark.parametrize("offset", [1, 2])
 def test_a_flipped_word_in_any_source(impl, device, real_data, source, offset):
     """A flipped word of V (first layer) or of the last layer's K/V: always detected with
     ``all``; with ``partial`` exactly when it lies in the slot's rotating 16 bytes."""
