@@ -25,7 +25,6 @@ from _canary_sim import (
     prefilled,
 )
 from sglang.jit_kernel.kv_canary.consts import (
-    CHAIN_ANCHOR,
     COUNTER_CONSUMED,
     COUNTER_VIOLATIONS,
     FIELD_STAMP,
@@ -205,7 +204,7 @@ def test_a_live_token_written_to_slot_zero(impl, device):
     assert sim.counters()[3 + 4 + WRITE] == 3
 
 
-# ----------------------------------------------------------------------------- overwritten, unwritten
+# ------------------------------------------------------------------------ overwritten, unwritten
 
 
 def test_a_prefix_slot_overwritten_in_the_same_forward_is_caught_by_post(impl, device):

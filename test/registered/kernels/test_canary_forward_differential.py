@@ -86,6 +86,9 @@ FAULT_KINDS = (
     "owner_unknown",
     "host_seq_lens",
     "seq_lens_drift_overwrite",
+    "req_pool_index_out_of_range",
+    "start_loc_out_of_range",
+    "seq_len_negative",
 )
 
 
@@ -126,7 +129,20 @@ class CaseSpec:
 # ----------------------------------------------------------------------------- generation
 
 
-def random_case(seed: int, *, max_prefix: int, max_chunk: int) -> CaseSpec:
+# Option sets a GPU run draws from (each set compiles its own kernel variants; drawing every
+# option independently would compile hundreds): real data, sources, token history, verify
+# token, expected inputs, host seq_lens.
+OPTION_PROFILES = (
+    ("none", 1, False, True, False, False),
+    ("partial", 4, True, True, True, True),
+    ("all", 2, False, True, True, False),
+    ("partial", 1, True, False, True, True),
+    ("none", 1, True, True, False, True),
+    ("all", 4, True, True, True, True),
+)
+
+
+def random_case(seed: int, *, max_prefix: int, max_chunk: int, profiles: bool = False) -> CaseSpec:
     rng = random.Random(seed)
     layout = rng.choice([BatchLayout.DECODE, BatchLayout.EXTEND])
     page_size = rng.choice([1, 1, 4])
@@ -146,21 +162,26 @@ def random_case(seed: int, *, max_prefix: int, max_chunk: int) -> CaseSpec:
         )
         for _ in range(rng.choice([0, 1, 2, 3, 4]))
     )
+    options = dict(
+        real_data=rng.choice(["none", "partial", "all"]),
+        num_sources=rng.randint(1, 4),
+        token_history=rng.random() < 0.5,
+        verify_token=rng.random() < 0.8,
+        expected_inputs=rng.random() < 0.5,
+        host_seq_lens=rng.random() < 0.5,
+    )
+    if profiles:
+        options = dict(zip(options, rng.choice(OPTION_PROFILES)))
     return CaseSpec(
         seed=seed,
         layout=layout,
         page_size=page_size,
-        real_data=rng.choice(["none", "partial", "all"]),
-        num_sources=rng.randint(1, 4),
-        token_history=rng.random() < 0.5,
-        expected_inputs=rng.random() < 0.5,
         rows=tuple(rows),
         faults=faults,
-        verify_token=rng.random() < 0.8,
         predicted=rng.random() < 0.7,
-        host_seq_lens=rng.random() < 0.5,
         owners_known=rng.random() < 0.7,
         ring_offset=rng.choice([0, 0, 3 * 2 * POOL_SLOTS + 11]),
+        **options,
     )
 
 
@@ -250,18 +271,25 @@ def realize(spec: CaseSpec, device: str):
     batch = dataclasses.replace(batch, verify_token=spec.verify_token)
     if batch.expected_input_ids is not None and not spec.predicted:
         batch.expected_input_ids.fill_(NO_EXPECTED_TOKEN)
+    # Where each live row sits in the batch, fixed before any fault edits the batch.
+    batch_rows = {rp: b for b, rp in enumerate(batch.req_pool_indices.tolist())}
+    first_tokens = (
+        batch.extend_start_loc.tolist()
+        if spec.layout is BatchLayout.EXTEND
+        else list(range(batch.batch_size))
+    )
     for fault in spec.faults:
-        _apply_fault(sim, spec, batch, live_rows, fault)
+        _apply_fault(sim, spec, batch, live_rows, batch_rows, first_tokens, fault)
     return sim, batch
 
 
-def _apply_fault(sim, spec, batch, live_rows, fault: Fault) -> None:
+def _apply_fault(sim, spec, batch, live_rows, batch_rows, first_tokens, fault: Fault) -> None:
     if not live_rows:
         return
     b = fault.row % len(live_rows)
     row = spec.rows[live_rows[b]]
     rp = live_rows[b] + 1
-    batch_row = [int(x) for x in batch.req_pool_indices.tolist()].index(rp)
+    batch_row = batch_rows[rp]
     prefix_slots = sorted(
         {
             slot
@@ -273,10 +301,7 @@ def _apply_fault(sim, spec, batch, live_rows, fault: Fault) -> None:
     slot = int(sim.state.req_to_token[rp, pos]) if row.prefix_len else 0
     new_pos = row.prefix_len + int(fault.where * row.new_tokens)
     bit = 1 << (fault.value % 62)
-    if spec.layout is BatchLayout.DECODE:
-        token = batch_row
-    else:
-        token = int(batch.extend_start_loc[batch_row]) + int(fault.where * row.new_tokens)
+    token = first_tokens[batch_row] + int(fault.where * row.new_tokens)
     has_token = spec.layout is BatchLayout.DECODE or row.new_tokens > 0
     kind = fault.kind
     if kind.startswith(("rt_", "record_", "real_kv", "history_token")) and not row.prefix_len:
@@ -327,6 +352,12 @@ def _apply_fault(sim, spec, batch, live_rows, fault: Fault) -> None:
             batch.positions[batch_row] -= 1
             sim.state.req_to_token[rp, row.prefix_len - 1] = int(batch.out_cache_loc[batch_row])
             sim.state.req_to_token[rp, row.prefix_len] = 0
+    elif kind == "req_pool_index_out_of_range":
+        batch.req_pool_indices[batch_row] = MAX_ROWS + 2 + fault.value % 5
+    elif kind == "start_loc_out_of_range" and spec.layout is BatchLayout.EXTEND:
+        batch.extend_start_loc[batch_row] = batch.num_tokens + fault.value % 5
+    elif kind == "seq_len_negative" and spec.layout is BatchLayout.EXTEND:
+        batch.extend_seq_lens[batch_row] = -1 - fault.value % 3
     elif not has_token:
         return
     elif kind == "input_id":
@@ -462,7 +493,7 @@ def test_random_cases_match_the_reference(device, tile_sizes):
     max_prefix, max_chunk = (600, 1100) if on_gpu else (40, 40)
     failures = []
     for seed in range(num_cases):
-        spec = random_case(seed, max_prefix=max_prefix, max_chunk=max_chunk)
+        spec = random_case(seed, max_prefix=max_prefix, max_chunk=max_chunk, profiles=on_gpu)
         if case_difference(spec, device):
             failures.append(shrink(spec, device))
             break

@@ -107,7 +107,8 @@ import os, sys
 import torch
 {prelude}
 from sglang.jit_kernel.kv_canary import canary_forward
-from sglang.jit_kernel.kv_canary.kernel_inputs import BatchLayout, CanaryBatchView, CanaryDeviceState
+from sglang.jit_kernel.kv_canary.kernel_inputs import (
+    BatchLayout, CanaryBatchView, CanaryDeviceState)
 table = torch.zeros((2, 4), dtype=torch.int32)
 table[1, 0] = 3
 state = CanaryDeviceState.zeros(num_slots=8, req_to_token=table, ring_capacity=4)

@@ -51,20 +51,18 @@ tensors). Batches of any size are walked in fixed blocks of ``ROW_BLOCK`` rows.
   program 0 adds the run counters (and advances the step in the post launch).
 
 Memory traffic per verified slot: one int32 ``req_to_token`` entry and one 32-byte record
-sector (16 bytes used without real data or stamps), plus 16 bytes per source (partial) or the
-whole rows (all). A decode batch of 64 rows with 8k-token prefixes is about 18 MB per verify
-pass.
+sector (the predecessor's is a neighbouring lane's), plus a 16-byte sector per source (partial)
+or the whole rows (all): about 36 bytes without real data, so a decode batch of 64 rows with
+8k-token prefixes moves about 19 MB per verify pass.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from sglang.jit_kernel.kv_canary.consts import (
     COUNTER_ENTRIES,
@@ -121,9 +119,9 @@ _TOKEN_MASK = tl.constexpr(TOKEN_MASK)
 _POSITION_SHIFT = tl.constexpr(POSITION_SHIFT)
 _RECORD_FIELDS = tl.constexpr(RECORD_FIELDS)
 _FIELD_TOKEN_POSITION = tl.constexpr(FIELD_TOKEN_POSITION)
-_FIELD_CHAIN = tl.constexpr(FIELD_CHAIN)
 _FIELD_FINGERPRINT = tl.constexpr(FIELD_FINGERPRINT)
-_FIELD_STAMP = tl.constexpr(FIELD_STAMP)
+# A record is written as two 16-byte halves: (token/position, chain), (fingerprint, stamp).
+assert FIELD_CHAIN == FIELD_TOKEN_POSITION + 1 and FIELD_STAMP == FIELD_FINGERPRINT + 1
 _COUNTER_STEP = tl.constexpr(COUNTER_STEP)
 _RUNS_PRE = tl.constexpr(COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY)
 _RUNS_POST = tl.constexpr(COUNTER_KERNEL_RUNS + CheckKind.POST_VERIFY)
@@ -331,11 +329,12 @@ def _write_lanes(
         chain = seed
     written = valid & (slot != 0)
     storable = written & (slot > 0) & (slot < num_slots)
-    record = records_ptr + slot * _RECORD_FIELDS
-    tl.store(record + _FIELD_TOKEN_POSITION, (position << _POSITION_SHIFT) | token, mask=storable)
-    tl.store(record + _FIELD_CHAIN, chain, mask=storable)
-    tl.store(record + _FIELD_FINGERPRINT, chain * 0, mask=storable)
-    tl.store(record + _FIELD_STAMP, chain * 0 + step + 1, mask=storable)
+    # The record as two 16-byte stores: (token/position, chain) and (fingerprint 0, stamp).
+    fields = slot[:, None] * _RECORD_FIELDS + tl.arange(0, 2)[None, :]
+    head = tl.join((position << _POSITION_SHIFT) | token, chain)
+    tail = tl.join(chain * 0, chain * 0 + step + 1)
+    tl.store(records_ptr + fields + _FIELD_TOKEN_POSITION, head, mask=storable[:, None])
+    tl.store(records_ptr + fields + _FIELD_FINGERPRINT, tail, mask=storable[:, None])
 
     # Write-input checks.
     expected_position = prefix + k

@@ -31,6 +31,10 @@ from sglang.jit_kernel.kv_canary.consts import (
     CHAIN_TERM_BITS,
     COUNTER_CONSUMED,
     COUNTER_VIOLATIONS,
+    FIELD_CHAIN,
+    FIELD_FINGERPRINT,
+    FIELD_STAMP,
+    FIELD_TOKEN_POSITION,
     FINGERPRINT_SALT,
     NO_EXPECTED_TOKEN,
     POSITION_SHIFT,
@@ -50,6 +54,9 @@ from sglang.jit_kernel.kv_canary.consts import (
     Reason,
 )
 from sglang.jit_kernel.kv_canary.hashing import MIX64_MULTIPLIER_1, MIX64_MULTIPLIER_2
+
+# load_record_head / load_record_tail read a record as two 16-byte halves.
+assert (FIELD_TOKEN_POSITION, FIELD_CHAIN, FIELD_FINGERPRINT, FIELD_STAMP) == (0, 1, 2, 3)
 
 # Triton sees module globals only as constexprs.
 _M1 = tl.constexpr(MIX64_MULTIPLIER_1)
