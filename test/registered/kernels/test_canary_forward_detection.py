@@ -376,15 +376,15 @@ def test_seq_lens_invariant(impl, device):
 
 
 def test_many_row_blocks_with_scattered_live_rows(impl, device):
-    """A DECODE batch of 600 rows, mostly padding: live rows in several row blocks."""
+    """A DECODE batch of 4096 rows, mostly padding: live rows in several row blocks."""
     sim = KvSim(device=device, num_pages=64, req_rows=6, max_context_len=16)
     launches = canary_impl(impl)
     rows = []
     for rp in range(1, 6):
         sim.add_request(rp, [100 * rp + q for q in range(10)])
     sim.forward(launches, sim.extend_batch([(rp, 3) for rp in range(1, 6)]))
-    live_at = {0: 1, 130: 2, 257: 3, 511: 4, 599: 5}
-    for b in range(600):
+    live_at = {0: 1, 130: 2, 257: 3, 2047: 4, 4095: 5}
+    for b in range(4096):
         rows.append(live_at.get(b, PaddedRow(prefix_len=2, stale_slot=1)))
     sim.forward(launches, sim.decode_batch(rows, host_seq_lens=True))
     for rp in range(1, 6):
