@@ -1,61 +1,138 @@
-"""Per-launch time of the KV-canary kernels on one GPU, side by side with bounds and the reference.
+"""Per-launch time of the KV-canary kernels on one GPU, side by side with the memory bound and the
+torch reference.
 
-For decode batches (bs 1 and 64, prefixes of 1k and 8k tokens) and 8k-token prefill chunks, each
-with real-data fingerprints off / partial (16 bytes) / all (a 2 KiB K row: 8 heads x 128 dims of
-bf16), it prints the time of each launch (pre: verify; post: verify + write):
+Scenarios: decode batches of 1 and 64 rows with 1k / 8k-token prefixes, decode 1 x 32k, an 8k
+prefill chunk (prefix 0 and 8k), and a prefill of 64 rows x 512 tokens; each with real-data
+fingerprints off / partial (16 bytes per source) / all, over four sources shaped like K and V of
+a first and a last layer (8 heads x 128 dims of bf16: 2 KiB per row). Per launch (pre, post):
 
-- ``eager``: ``triton.testing.do_bench`` of the launch from Python (L2 flushed between runs);
-- ``graph``: the same launch captured in a CUDA graph, timed by replaying the graph;
+- ``eager``: device time between CUDA events around one launch from Python (the host's launch
+  cost shows where it exceeds the kernel's);
+- ``graph``: the launch captured 20 times in one CUDA graph, replayed, per launch;
 - ``bound``: bytes the launch must touch / measured device-to-device copy bandwidth;
-- ``torch ref``: the plain-torch reference (host loops; one timed call after a warm-up);
+- ``ref``: the torch reference (host loops; one timed call after a warm-up);
 
-and the ratios ``eager / bound``, ``graph / bound`` and ``ref / eager``. The launch floor (an
-empty Triton kernel, eager and replayed) is printed for scale: small configurations cannot go
-below it. No assertions. Runs in well under two minutes on one H200.
+and the ratios ``graph / bound`` and ``ref / graph``. The sweep kernel is timed for 1M entries.
+The floor of a launch (an empty Triton kernel, eager and replayed) is printed for scale. Timers
+come from ``benchmark/timing.py``.
 
-Usage: ``python benchmark/bench_canary_kernels.py``
+Repeated pre launches of one batch are not idempotent in one respect: from the second launch
+on, each row's owner chain has been advanced past what its prefix chains to, so every launch
+reports one owner row per row (one atomic per write item; the ring is small, so the rows are
+counted, not stored). Post launches are timed on a consistent state and must report nothing.
+
+Usage: ``python benchmark/bench_canary_kernels.py`` (needs CUDA; about two minutes on an H200).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
-from sglang.jit_kernel.kv_canary import canary_kernels, canary_kernels_ref
-from sglang.jit_kernel.kv_canary.batch_view import BatchLayout, CanaryBatchView, CanaryDeviceState
-from sglang.jit_kernel.kv_canary.consts import (
-    CHAIN_ANCHOR,
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import (  # noqa: E402
+    copy_bandwidth_bytes_per_s,
+    event_time_us,
+    graph_time_us,
+    host_time_us,
+)
+
+from sglang.jit_kernel.kv_canary import (  # noqa: E402
+    canary_forward,
+    canary_forward_ref,
+    sweep,
+    sweep_ref,
+)
+from sglang.jit_kernel.kv_canary.consts import (  # noqa: E402
+    COUNTER_KERNEL_RUNS,
+    COUNTER_STEP,
     COUNTER_VIOLATIONS,
+    FIELD_CHAIN,
+    FIELD_FINGERPRINT,
+    FIELD_STAMP,
+    FIELD_TOKEN_POSITION,
     NUM_COUNTERS,
     RECORD_FIELDS,
     RING_ROW_FIELDS,
+    CheckKind,
+    pack_token_position,
 )
-from sglang.jit_kernel.kv_canary.hashing import chain_term_torch, fingerprint_torch
+from sglang.jit_kernel.kv_canary.hashing import (  # noqa: E402
+    chain_before_torch,
+    chain_terms_torch,
+    slot_fingerprints_torch,
+)
+from sglang.jit_kernel.kv_canary.kernel_inputs import (  # noqa: E402
+    BatchLayout,
+    CanaryBatchView,
+    CanaryDeviceState,
+    RealDataSources,
+    SweepEntries,
+)
 
 DEVICE = "cuda"
-KV_HEADS, HEAD_DIM = 8, 128  # one K row = 2 KiB of bf16 = 256 int64 words
-REAL_DATA_WORDS = {"none": 0, "partial": 2, "all": KV_HEADS * HEAD_DIM * 2 // 8}
-RECORD_BYTES = RECORD_FIELDS * 8
+KV_HEADS, HEAD_DIM = 8, 128
+ROW_WORDS = KV_HEADS * HEAD_DIM * 2 // 8  # 2 KiB of bf16 per source row
+NUM_SOURCES = 4  # K, V of the first layer; K, V of the last layer
+REAL_DATA_MODES = ("none", "partial", "all")
+RING_CAPACITY = 1024
+GRAPH_LAUNCHES = 20
 REQ_TO_TOKEN_BYTES = 4
+RECORD_BYTES = RECORD_FIELDS * 8
 TOKEN_INPUT_BYTES = 3 * 8  # input_ids, positions, out_cache_loc
+SWEEP_ENTRIES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
     name: str
+    layout: BatchLayout
+    bs: int
+    prefix: int
+    new: int
+
+
+SCENARIOS = (
+    Scenario(name="decode bs=1 prefix=1k", layout=BatchLayout.DECODE, bs=1, prefix=1024, new=1),
+    Scenario(name="decode bs=1 prefix=8k", layout=BatchLayout.DECODE, bs=1, prefix=8192, new=1),
+    Scenario(name="decode bs=1 prefix=32k", layout=BatchLayout.DECODE, bs=1, prefix=32768,
+             new=1),
+    Scenario(name="decode bs=64 prefix=1k", layout=BatchLayout.DECODE, bs=64, prefix=1024,
+             new=1),
+    Scenario(name="decode bs=64 prefix=8k", layout=BatchLayout.DECODE, bs=64, prefix=8192,
+             new=1),
+    Scenario(name="prefill 8k chunk, prefix=0", layout=BatchLayout.EXTEND, bs=1, prefix=0,
+             new=8192),
+    Scenario(name="prefill 8k chunk, prefix=8k", layout=BatchLayout.EXTEND, bs=1, prefix=8192,
+             new=8192),
+    Scenario(name="prefill 64 x 512, prefix=0", layout=BatchLayout.EXTEND, bs=64, prefix=0,
+             new=512),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pool:
+    """A clean paged history of ``bs`` requests (slots shuffled over the pool, as after a while
+    of serving) and the forward that extends each by ``new`` tokens."""
+
+    scenario: Scenario
     batch: CanaryBatchView
-    states: dict[str, CanaryDeviceState]  # by real-data mode
-    verified_slots: int  # per verify pass
-    written_slots: int
+    req_to_token: torch.Tensor
+    records: torch.Tensor  # prefix records, fingerprints of no source
+    sources: tuple[torch.Tensor, ...]
+    prefix_slots: torch.Tensor
+    owners_before: torch.Tensor  # owner chains of the prefixes
+    owners_after: torch.Tensor  # owner chains after the forward
 
 
-def build_scenario(*, name: str, layout: BatchLayout, bs: int, prefix: int, new: int) -> Scenario:
-    """A clean paged history: ``bs`` requests with ``prefix`` cached tokens each (slots shuffled
-    over the pool, as after a while of serving), and ``new`` tokens per request this forward."""
+def build_pool(scenario: Scenario) -> Pool:
+    bs, prefix, new = scenario.bs, scenario.prefix, scenario.new
     length = prefix + new
     num_slots = 1 + bs * length
     slots = (torch.randperm(num_slots - 1, device=DEVICE) + 1).view(bs, length)
@@ -63,40 +140,32 @@ def build_scenario(*, name: str, layout: BatchLayout, bs: int, prefix: int, new:
     req_to_token[1:] = slots.to(torch.int32)
     tokens = torch.randint(0, 150_000, (bs, length), device=DEVICE)
     positions = torch.arange(length, device=DEVICE).expand(bs, length)
-    terms = chain_term_torch(tokens, positions)
-    chains = CHAIN_ANCHOR + torch.cumsum(terms, dim=1) - terms
-    k_buffer = torch.randn((num_slots, KV_HEADS, HEAD_DIM), device=DEVICE).to(torch.bfloat16)
-    words = k_buffer.view(num_slots, -1).view(torch.int64)
-
-    cached = slots[:, :prefix].flatten()
-    base_records = torch.zeros((num_slots, RECORD_FIELDS), dtype=torch.int64, device=DEVICE)
-    base_records[cached] = torch.stack(
-        [t[:, :prefix].flatten() for t in (tokens, positions, chains, torch.zeros_like(tokens))],
-        dim=1,
+    chains = chain_before_torch(tokens=tokens, positions=positions)
+    terms = chain_terms_torch(tokens=tokens, positions=positions)
+    sources = tuple(
+        torch.randint(-(1 << 62), 1 << 62, (num_slots, ROW_WORDS), device=DEVICE)
+        for _ in range(NUM_SOURCES)
     )
-    states = {}
-    for mode, num_words in REAL_DATA_WORDS.items():
-        records = base_records.clone()
-        if num_words:
-            for chunk in cached.split(1 << 16):
-                records[chunk, 3] = fingerprint_torch(words[chunk, :num_words])
-        states[mode] = CanaryDeviceState(
-            records=records,
-            req_to_token=req_to_token,
-            ring=torch.zeros((1024, RING_ROW_FIELDS), dtype=torch.int64, device=DEVICE),
-            counters=torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=DEVICE),
-            real_kv_words=words if num_words else None,
-            real_kv_num_words=num_words,
-        )
+    records = torch.zeros((num_slots, RECORD_FIELDS), dtype=torch.int64, device=DEVICE)
+    cached = slots[:, :prefix].flatten()
+    records[cached, FIELD_TOKEN_POSITION] = pack_token_position(
+        token=tokens[:, :prefix].flatten(), position=positions[:, :prefix].flatten()
+    )
+    records[cached, FIELD_CHAIN] = chains[:, :prefix].flatten()
+    records[cached, FIELD_STAMP] = 1
+    after = chains[:, -1] + terms[:, -1]  # the chain value after each whole history
+    owners_before = torch.zeros(bs + 1, dtype=torch.int64, device=DEVICE)
+    owners_before[1:] = chains[:, prefix] if prefix < length else after
+    owners_after = torch.zeros_like(owners_before)
+    owners_after[1:] = after
 
     def i64(values):
         return torch.as_tensor(values, dtype=torch.int64, device=DEVICE).contiguous()
 
-    rows = torch.arange(1, bs + 1, device=DEVICE)
-    extend = layout is BatchLayout.EXTEND
+    extend = scenario.layout is BatchLayout.EXTEND
     batch = CanaryBatchView(
-        layout=layout,
-        req_pool_indices=rows,
+        layout=scenario.layout,
+        req_pool_indices=torch.arange(1, bs + 1, device=DEVICE),
         seq_lens=i64(torch.full((bs,), length)),
         extend_prefix_lens=i64(torch.full((bs,), prefix)) if extend else None,
         extend_seq_lens=i64(torch.full((bs,), new)) if extend else None,
@@ -105,125 +174,168 @@ def build_scenario(*, name: str, layout: BatchLayout, bs: int, prefix: int, new:
         positions=i64(positions[:, prefix:].flatten()),
         out_cache_loc=i64(slots[:, prefix:].flatten()),
     )
-    return Scenario(
-        name=name,
-        batch=batch,
-        states=states,
-        verified_slots=bs * prefix,
-        written_slots=bs * new,
+    return Pool(scenario=scenario, batch=batch, req_to_token=req_to_token, records=records,
+                sources=sources, prefix_slots=cached, owners_before=owners_before,
+                owners_after=owners_after)
+
+
+def state_of(pool: Pool, mode: str) -> CanaryDeviceState:
+    """A fresh state of ``pool`` with the prefix fingerprints of real-data ``mode``."""
+    real = None
+    records = pool.records.clone()
+    if mode != "none":
+        real = RealDataSources(sources=pool.sources, partial=mode == "partial")
+        for chunk in pool.prefix_slots.split(1 << 15):
+            records[chunk, FIELD_FINGERPRINT] = slot_fingerprints_torch(
+                slots=chunk, sources=real.sources, partial=real.partial
+            )
+    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=DEVICE)
+    counters[COUNTER_STEP] = 1
+    counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = 1
+    return CanaryDeviceState(
+        records=records,
+        req_to_token=pool.req_to_token,
+        ring=torch.zeros((RING_CAPACITY, RING_ROW_FIELDS), dtype=torch.int64, device=DEVICE),
+        counters=counters,
+        owner_chains=pool.owners_before.clone(),
+        real_data=real,
     )
 
 
-# ----------------------------------------------------------------------------- measurements
+def clone(state: CanaryDeviceState) -> CanaryDeviceState:
+    return CanaryDeviceState(
+        records=state.records.clone(), req_to_token=state.req_to_token,
+        ring=state.ring.clone(), counters=state.counters.clone(),
+        owner_chains=state.owner_chains.clone(), real_data=state.real_data,
+    )
 
 
-def measure_copy_bandwidth() -> float:
-    """Bytes per second of a 1 GiB device-to-device copy (read + write counted)."""
-    source = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
-    target = torch.empty_like(source)
-    milliseconds = triton.testing.do_bench(lambda: target.copy_(source))
-    return 2 * source.numel() / (milliseconds * 1e-3)
+# ----------------------------------------------------------------------------- bounds
+
+
+def slot_bytes(mode: str) -> int:
+    """Bytes a verify reads per slot: a req_to_token entry, the record, the real-data words."""
+    record = 16 if mode == "none" else RECORD_BYTES
+    real = {"none": 0, "partial": 16 * NUM_SOURCES, "all": ROW_WORDS * 8 * NUM_SOURCES}[mode]
+    return REQ_TO_TOKEN_BYTES + record + real
+
+
+def launch_bytes(scenario: Scenario, mode: str, launch: str) -> int:
+    rows, new = scenario.bs, scenario.new
+    if launch == "pre":
+        return rows * scenario.prefix * slot_bytes(mode) + rows * new * (
+            TOKEN_INPUT_BYTES + RECORD_BYTES
+        )
+    return rows * (scenario.prefix + new) * slot_bytes(mode)
+
+
+# ----------------------------------------------------------------------------- timing
 
 
 @triton.jit
 def _empty_kernel(pointer):
-    pass
+    tl.store(pointer, 0.0, mask=False)
 
 
-def graph_of(launch: Callable[[], None]) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        launch()  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    return graph
+def _ratio(numerator: float, denominator: float) -> str:
+    return f"{numerator / denominator:9.1f}" if denominator > 0 else f"{'-':>9}"
 
 
-def microseconds(launch: Callable[[], None]) -> float:
-    return triton.testing.do_bench(launch) * 1e3
+def time_launches(pool: Pool, mode: str, bandwidth: float) -> list[str]:
+    scenario = pool.scenario
+    lines = []
+    state = state_of(pool, mode)
+    batch = pool.batch
 
+    def pre() -> None:
+        canary_forward.launch_pre_forward(state=state, batch=batch)
 
-def host_microseconds(launch: Callable[[], None]) -> float:
-    launch()
+    def post() -> None:
+        canary_forward.launch_post_forward(state=state, batch=batch)
+
+    for name, launch, reference in (
+        ("pre", pre, canary_forward_ref.launch_pre_forward),
+        ("post", post, canary_forward_ref.launch_post_forward),
+    ):
+        if name == "post":  # a consistent state: the records of this forward's pre launch
+            state.owner_chains.copy_(pool.owners_after)
+            state.counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = (
+                state.counters[COUNTER_STEP] + 1
+            )
+            state.counters[COUNTER_VIOLATIONS] = 0
+        eager = event_time_us(fn=launch).median
+        graph = graph_time_us(fn=launch, launches=GRAPH_LAUNCHES).median
+        reference_state = clone(state)
+        reference_us = host_time_us(
+            fn=lambda: (reference(state=reference_state, batch=batch), torch.cuda.synchronize()),
+            repeats=1,
+        ).median
+        bound = launch_bytes(scenario, mode, name) / bandwidth * 1e6
+        lines.append(
+            f"{scenario.name:28} {mode:8} {name:5} {eager:9.1f} {graph:9.1f} {bound:9.2f} "
+            f"{reference_us:11.0f} {_ratio(graph, bound)} {_ratio(reference_us, graph)}"
+        )
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    launch()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e6
+    violations = int(state.counters[COUNTER_VIOLATIONS])
+    if violations:
+        lines.append(f"  (unexpected: {violations} violation rows from post launches)")
+    return lines
 
 
-def launch_bytes(scenario: Scenario, num_words: int, launch: str) -> int:
-    verify = scenario.verified_slots * (REQ_TO_TOKEN_BYTES + RECORD_BYTES + 8 * num_words)
-    if launch == "pre":
-        return verify
-    write = scenario.written_slots * (TOKEN_INPUT_BYTES + RECORD_BYTES + 8 * num_words)
-    return verify + write
+def time_sweep(bandwidth: float) -> list[str]:
+    """The sweep over ``SWEEP_ENTRIES`` slots of one long clean history."""
+    pool = build_pool(Scenario(name="sweep", layout=BatchLayout.EXTEND, bs=1,
+                               prefix=SWEEP_ENTRIES, new=0))
+    slots = pool.req_to_token[1].to(torch.int64)
+    prev_slots = torch.cat([torch.full((1,), -1, device=DEVICE), slots[:-1]])
+    positions = torch.arange(SWEEP_ENTRIES, device=DEVICE)
+    tokens = torch.full_like(slots, -1)
+    entries = SweepEntries(slots=slots, prev_slots=prev_slots, positions=positions, tokens=tokens)
+    lines = []
+    for mode in REAL_DATA_MODES:
+        state = state_of(pool, mode)
+        eager = event_time_us(fn=lambda: sweep.launch_sweep(state=state, entries=entries)).median
+        reference_us = host_time_us(
+            fn=lambda: (sweep_ref.launch_sweep(state=clone(state), entries=entries),
+                        torch.cuda.synchronize()),
+            repeats=1,
+        ).median
+        bound = SWEEP_ENTRIES * (32 + slot_bytes(mode) - REQ_TO_TOKEN_BYTES) / bandwidth * 1e6
+        violations = int(state.counters[COUNTER_VIOLATIONS])
+        lines.append(
+            f"{'sweep 1M entries':28} {mode:8} {'sweep':5} {eager:9.1f} {'-':>9} {bound:9.2f} "
+            f"{reference_us:11.0f} {_ratio(eager, bound)} {_ratio(reference_us, eager)}"
+            + (f"  (unexpected: {violations} violation rows)" if violations else "")
+        )
+    return lines
 
 
 def main() -> None:
     torch.manual_seed(0)
     properties = torch.cuda.get_device_properties(0)
-    bandwidth = measure_copy_bandwidth()
+    bandwidth = copy_bandwidth_bytes_per_s()
     dummy = torch.empty(1, device=DEVICE)
-    floor_eager = microseconds(lambda: _empty_kernel[(1,)](dummy))
-    floor_graph = microseconds(graph_of(lambda: _empty_kernel[(1,)](dummy)).replay)
+    floor_eager = event_time_us(fn=lambda: _empty_kernel[(1,)](dummy)).median
+    floor_graph = graph_time_us(fn=lambda: _empty_kernel[(1,)](dummy)).median
     print(f"device: {properties.name}, {properties.multi_processor_count} SMs; torch "
           f"{torch.__version__}, triton {triton.__version__}")
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s; empty Triton kernel: "
           f"{floor_eager:.1f} us eager, {floor_graph:.1f} us replayed")
-    configs = [
-        ("decode bs=1 prefix=1k", BatchLayout.DECODE, 1, 1024, 1),
-        ("decode bs=1 prefix=8k", BatchLayout.DECODE, 1, 8192, 1),
-        ("decode bs=64 prefix=1k", BatchLayout.DECODE, 64, 1024, 1),
-        ("decode bs=64 prefix=8k", BatchLayout.DECODE, 64, 8192, 1),
-        ("prefill 8k chunk, prefix=0", BatchLayout.EXTEND, 1, 0, 8192),
-        ("prefill 8k chunk, prefix=8k", BatchLayout.EXTEND, 1, 8192, 8192),
-    ]
     header = (
-        f"{'configuration':28} {'real':8} {'launch':6} {'eager us':>9} {'graph us':>9} "
-        f"{'bound us':>9} {'ref us':>10} {'eager/bnd':>9} {'graph/bnd':>9} {'ref/eager':>9}"
+        f"{'configuration':28} {'real':8} {'launch':5} {'eager us':>9} {'graph us':>9} "
+        f"{'bound us':>9} {'ref us':>11} {'graph/bnd':>9} {'ref/graph':>9}"
     )
     print(header)
     print("-" * len(header))
-    for name, layout, bs, prefix, new in configs:
-        scenario = build_scenario(name=name, layout=layout, bs=bs, prefix=prefix, new=new)
-        for mode, state in scenario.states.items():
-            for launch_name, kernel, reference in (
-                ("pre", canary_kernels.launch_pre_forward_verify,
-                 canary_kernels_ref.launch_pre_forward_verify),
-                ("post", canary_kernels.launch_post_forward_write_and_verify,
-                 canary_kernels_ref.launch_post_forward_write_and_verify),
-            ):
-                def launch(kernel=kernel, state=state):
-                    kernel(state=state, batch=scenario.batch)
-
-                eager = microseconds(launch)
-                replayed = microseconds(graph_of(launch).replay)
-                reference_time = host_microseconds(
-                    lambda reference=reference, state=state: reference(
-                        state=state, batch=scenario.batch
-                    )
-                )
-                bound_us = launch_bytes(scenario, state.real_kv_num_words, launch_name)
-                bound_us *= 1e6 / bandwidth
-                eager_ratio, graph_ratio = (
-                    (f"{eager / bound_us:9.1f}", f"{replayed / bound_us:9.1f}")
-                    if bound_us
-                    else (f"{'-':>9}", f"{'-':>9}")
-                )
-                print(
-                    f"{name:28} {mode:8} {launch_name:6} {eager:9.1f} {replayed:9.1f} "
-                    f"{bound_us:9.2f} {reference_time:10.0f} {eager_ratio} {graph_ratio} "
-                    f"{reference_time / eager:9.0f}"
-                )
-            violations = int(state.counters[COUNTER_VIOLATIONS])
-            if violations:
-                print(f"  (unexpected: {violations} violation rows on clean data)")
-        del scenario
+    for scenario in SCENARIOS:
+        pool = build_pool(scenario)
+        for mode in REAL_DATA_MODES:
+            for line in time_launches(pool, mode, bandwidth):
+                print(line, flush=True)
+        del pool
         torch.cuda.empty_cache()
+    for line in time_sweep(bandwidth):
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

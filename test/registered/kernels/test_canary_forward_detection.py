@@ -25,7 +25,6 @@ from _canary_sim import (
     prefilled,
 )
 from sglang.jit_kernel.kv_canary.consts import (
-    CHAIN_ANCHOR,
     COUNTER_CONSUMED,
     COUNTER_VIOLATIONS,
     FIELD_STAMP,
@@ -205,7 +204,7 @@ def test_a_live_token_written_to_slot_zero(impl, device):
     assert sim.counters()[3 + 4 + WRITE] == 3
 
 
-# ----------------------------------------------------------------------------- overwritten, unwritten
+# ------------------------------------------------------------------------ overwritten, unwritten
 
 
 def test_a_prefix_slot_overwritten_in_the_same_forward_is_caught_by_post(impl, device):
@@ -288,7 +287,7 @@ def test_fingerprints_are_stored_by_post_and_verified_later(impl, device, real_d
 
 @pytest.mark.parametrize("real_data", ["partial", "all"])
 @pytest.mark.parametrize("source", [1, 2, 3])
-@pytest.mark.parametrize("offset", [0, 1, 2])
+@pytest.mark.parametrize("offset", [1, 2])
 def test_a_flipped_word_in_any_source(impl, device, real_data, source, offset):
     """A flipped word of V (first layer) or of the last layer's K/V: always detected with
     ``all``; with ``partial`` exactly when it lies in the slot's rotating 16 bytes."""
@@ -377,15 +376,15 @@ def test_seq_lens_invariant(impl, device):
 
 
 def test_many_row_blocks_with_scattered_live_rows(impl, device):
-    """A DECODE batch of 600 rows, mostly padding: live rows in several row blocks."""
+    """A DECODE batch of 4096 rows, mostly padding: live rows in several row blocks."""
     sim = KvSim(device=device, num_pages=64, req_rows=6, max_context_len=16)
     launches = canary_impl(impl)
     rows = []
     for rp in range(1, 6):
         sim.add_request(rp, [100 * rp + q for q in range(10)])
     sim.forward(launches, sim.extend_batch([(rp, 3) for rp in range(1, 6)]))
-    live_at = {0: 1, 130: 2, 257: 3, 511: 4, 599: 5}
-    for b in range(600):
+    live_at = {0: 1, 130: 2, 257: 3, 2047: 4, 4095: 5}
+    for b in range(4096):
         rows.append(live_at.get(b, PaddedRow(prefix_len=2, stale_slot=1)))
     sim.forward(launches, sim.decode_batch(rows, host_seq_lens=True))
     for rp in range(1, 6):

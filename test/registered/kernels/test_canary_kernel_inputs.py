@@ -192,7 +192,7 @@ def _on_meta(value):
     return dataclasses.replace(value, **tensors)
 
 
-@pytest.mark.parametrize("impl", ["reference"])
+@pytest.mark.parametrize("impl", ["reference", "triton"])
 def test_launches_refuse_inputs_on_another_device(impl):
     launches = canary_impl(impl)
     for launch in (launches.launch_pre_forward, launches.launch_post_forward):

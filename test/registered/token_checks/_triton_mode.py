@@ -1,8 +1,9 @@
 """Run the scatter kernel in Triton's interpreter on machines without CUDA (test support).
 
-``triton.jit`` picks the interpreter when the kernel module is imported, so
+``triton.jit`` picks the interpreter when a kernel module is imported, so
 :func:`interpret_kernels_without_cuda` sets ``TRITON_INTERPRET=1`` first and re-imports the
-module if an earlier test module already imported it compiled. With CUDA it changes nothing.
+kernel module and the device-function module it uses (helpers first) if an earlier test module
+already imported them compiled. With CUDA it changes nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import torch
 
 KERNEL_MODULE = "sglang.jit_kernel.kv_canary.scatter_req_token_ids"
+HELPERS_MODULE = "sglang.jit_kernel.kv_canary.triton_helpers"
 
 
 def kernel_is_interpreted() -> bool:
@@ -28,4 +30,5 @@ def interpret_kernels_without_cuda() -> None:
         return
     os.environ["TRITON_INTERPRET"] = "1"
     if KERNEL_MODULE in sys.modules and not kernel_is_interpreted():
+        importlib.reload(sys.modules[HELPERS_MODULE])
         importlib.reload(sys.modules[KERNEL_MODULE])

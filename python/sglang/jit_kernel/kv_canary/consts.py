@@ -35,6 +35,12 @@ for reuse.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+IntOrTensor = TypeVar("IntOrTensor", int, "torch.Tensor")
 
 # ----------------------------------------------------------------------------- records
 RECORD_FIELDS = 4
@@ -58,7 +64,7 @@ NO_EXPECTED_TOKEN = -1  # no expectation (token or position): not checked
 MAX_REAL_DATA_SOURCES = 4
 
 
-def pack_token_position(*, token, position):
+def pack_token_position(*, token: IntOrTensor, position: IntOrTensor) -> IntOrTensor:
     """``(position << 32) | (token & TOKEN_MASK)``: the ``FIELD_TOKEN_POSITION`` value.
 
     Works elementwise on Python ints and on int64 torch tensors alike (int64 wrap-around for a
@@ -67,12 +73,12 @@ def pack_token_position(*, token, position):
     return (position << POSITION_SHIFT) | (token & TOKEN_MASK)
 
 
-def unpack_token(packed):
+def unpack_token(packed: IntOrTensor) -> IntOrTensor:
     """The token (low 32 bits, non-negative) of a ``FIELD_TOKEN_POSITION`` value."""
     return packed & TOKEN_MASK
 
 
-def unpack_position(packed):
+def unpack_position(packed: IntOrTensor) -> IntOrTensor:
     """The position (high 32 bits, sign-extended) of a ``FIELD_TOKEN_POSITION`` value."""
     return packed >> POSITION_SHIFT
 

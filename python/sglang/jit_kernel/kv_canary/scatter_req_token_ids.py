@@ -47,6 +47,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_scatter_inputs
+from sglang.jit_kernel.kv_canary.triton_helpers import sum_1d
 
 # Tokens (and rows, for history_lens_out) per program. On an H200, among {256..2048} x {2, 4, 8}
 # warps, 512 x 4 is within 10% of the best at 2M tokens in long or short rows (16.9 us for
@@ -56,16 +57,9 @@ BLOCK = 512
 NUM_WARPS = 4
 
 
-# Only builtins of triton.language here (reductions through this module's own combine function):
-# its @jit standard library (tl.sum, tl.zeros, ...) is fixed as compiled or interpreted when
-# triton is first imported, so a process that imported triton before setting TRITON_INTERPRET
-# could not interpret this kernel. Whether *this* module is interpreted is decided when it is
-# imported (``_INTERPRETED``).
-
-
-@triton.jit
-def _add(a, b):
-    return a + b
+# Whether *this* module is interpreted is decided when it is imported (``_INTERPRETED``); the
+# reduction goes through triton_helpers.sum_1d, which works whether triton was first imported
+# compiled or interpreted.
 
 
 @triton.jit
@@ -77,7 +71,7 @@ def _block_ary_search_step(offsets_ptr, lo, hi, target, BLOCK: tl.constexpr):
     probe = lo + tl.arange(0, BLOCK) * stride
     in_range = probe <= hi
     probe_start = tl.load(offsets_ptr + probe, mask=in_range, other=0)
-    at_or_before = tl.reduce((in_range & (probe_start <= target)).to(tl.int64), 0, _add)
+    at_or_before = sum_1d((in_range & (probe_start <= target)).to(tl.int64))
     new_lo = lo + (tl.maximum(at_or_before, 1) - 1) * stride
     return new_lo, tl.minimum(new_lo + stride - 1, hi)
 
