@@ -34,6 +34,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     NUM_COUNTERS,
     RECORD_FIELDS,
     RING_ROW_FIELDS,
+    ROW_INDEX,
     unpack_position,
     unpack_token,
 )
@@ -435,7 +436,9 @@ class KvSim:
         capacity = self.state.ring_capacity
         held = range(consumed, min(produced, consumed + capacity))
         ring = self.state.ring.tolist()
-        return sorted(Violation(*ring[index % capacity]) for index in held)
+        for index in held:
+            assert ring[index % capacity][ROW_INDEX] == index, "a ring row lacks its index"
+        return sorted(Violation(*ring[index % capacity][:ROW_INDEX]) for index in held)
 
     def consume(self) -> None:
         """Mark every violation produced so far as handled (as the host does)."""
@@ -497,9 +500,23 @@ def clone_state(state: CanaryDeviceState, *, ring_capacity: int | None = None) -
 
 
 def _ring_rows(state: CanaryDeviceState) -> list[tuple[int, ...]]:
-    """The ring's written rows, sorted (a violation row is never all zeros: reasons != 0)."""
+    """The ring's written rows without their violation index, sorted (a violation row is never
+    all zeros: reasons != 0). The index says in which order lanes reserved rows, which differs
+    between the kernels and the reference; :func:`ring_indices_are_exact` checks it."""
     ring = state.ring.cpu()
-    return sorted(map(tuple, ring[ring.ne(0).any(dim=1)].tolist()))
+    written = ring[ring.ne(0).any(dim=1)]
+    return sorted(map(tuple, written[:, :ROW_INDEX].tolist()))
+
+
+def ring_indices_are_exact(state: CanaryDeviceState) -> bool:
+    """Every stored row sits at ``ring[n % capacity]`` with ``n`` in its index field, and the
+    stored indices are exactly the unconsumed, undropped ones."""
+    produced = int(state.counters[COUNTER_VIOLATIONS])
+    consumed = int(state.counters[COUNTER_CONSUMED])
+    capacity = state.ring_capacity
+    ring = state.ring.cpu().tolist()
+    return all(ring[n % capacity][ROW_INDEX] == n
+               for n in range(consumed, min(produced, consumed + capacity)))
 
 
 def state_difference(expected: CanaryDeviceState, actual: CanaryDeviceState) -> str | None:
@@ -532,6 +549,9 @@ def state_difference(expected: CanaryDeviceState, actual: CanaryDeviceState) -> 
         extra = sorted(set(rows_actual) - set(rows_expected))[:4]
         missing = sorted(set(rows_expected) - set(rows_actual))[:4]
         problems.append(f"ring rows differ: missing {missing}, unexpected {extra}")
+    for name, state in (("reference", expected), ("kernel", actual)):
+        if not ring_indices_are_exact(state):
+            problems.append(f"the {name}'s ring rows do not carry their violation indices")
     return "; ".join(problems) or None
 
 

@@ -47,6 +47,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     ROW_REASONS,
     ROW_REQ_POOL_INDEX,
     ROW_SLOT,
+    ROW_INDEX,
     ROW_STEP,
     ROW_STORED_CHAIN,
     ROW_STORED_TOKEN,
@@ -72,6 +73,7 @@ NO_TOKEN_C = tl.constexpr(NO_EXPECTED_TOKEN)
 _VIOLATIONS = tl.constexpr(COUNTER_VIOLATIONS)
 _CONSUMED = tl.constexpr(COUNTER_CONSUMED)
 _RING_ROW_FIELDS = tl.constexpr(RING_ROW_FIELDS)
+_ROW_INDEX = tl.constexpr(ROW_INDEX)
 _ROW_CHECK = tl.constexpr(ROW_CHECK)
 _ROW_REASONS = tl.constexpr(ROW_REASONS)
 _ROW_REQ_POOL_INDEX = tl.constexpr(ROW_REQ_POOL_INDEX)
@@ -386,7 +388,8 @@ def ring_append(
 
     One atomic add on ``counters[COUNTER_VIOLATIONS]`` reserves indices ``n`` for the failing
     lanes (none for a clean tile); row ``n`` goes to ``ring[n % capacity]`` if ``n -
-    counters[COUNTER_CONSUMED] < capacity``, else it is dropped (it is still counted).
+    counters[COUNTER_CONSUMED] < capacity``, else it is dropped (it is still counted); a stored
+    row carries ``n`` in ``ROW_INDEX``.
     """
     flags = bad.to(tl.int64)
     total = sum_1d(flags)
@@ -407,6 +410,7 @@ def ring_append(
         tl.store(row + _ROW_STORED_CHAIN, zero + stored_chain, mask=keep)
         tl.store(row + _ROW_EXPECTED_CHAIN, zero + expected_chain, mask=keep)
         tl.store(row + _ROW_STEP, zero + step, mask=keep)
+        tl.store(row + _ROW_INDEX, index, mask=keep)
 
 
 @triton.jit
