@@ -90,7 +90,7 @@ def test_the_lines_the_runtime_writes_are_recognized() -> None:
     counters[consts.COUNTER_VIOLATIONS] = 1
     counters[consts.COUNTER_ENTRIES + consts.CheckKind.PRE_VERIFY] = 300
     counters[consts.COUNTER_ENTRIES + consts.CheckKind.POST_VERIFY] = 200
-    snapshot = CounterSnapshot(steps=40, live_forwards=40, counters=tuple(counters))
+    snapshot = CounterSnapshot(steps=40, launches=40, counters=tuple(counters))
     startup = CanaryConfig(mode=CanaryMode.LOG).describe()
     log = "".join(f"[2026-01-01 10:00:0{i} TP0] {line}\n" for i, line in enumerate(
         (startup, stats_line(snapshot), ViolationRow.from_ring_row(row).to_line(),
