@@ -114,7 +114,8 @@ def test_full_configuration() -> None:
         # Not implemented yet: refused as such before asking whether it would have an effect.
         ({"SGLANG_KV_CANARY_SWEEP_INTERVAL": "3"},
          "SGLANG_KV_CANARY_SWEEP_INTERVAL='3': not implemented"),
-        ({"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "1"},
+        ({"SGLANG_KV_CANARY_MODE": "log",
+          "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "1"},
          "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB='1': not implemented"),
     ],
 )

@@ -29,7 +29,8 @@ def _snapshot(*, steps: int, launches: int, pre: int, post: int, write: int) -> 
 
 def test_checks_only_at_the_interval_and_passes_when_kernels_run() -> None:
     checker = HealthChecker(every_n_steps=10)
-    assert checker.check(steps=5, latest=_snapshot(steps=4, launches=4, pre=0, post=0, write=0)) is None
+    early = _snapshot(steps=4, launches=4, pre=0, post=0, write=0)
+    assert checker.check(steps=5, latest=early) is None
     line = checker.check(steps=10, latest=_snapshot(steps=9, launches=8, pre=8, post=8, write=8))
     assert line == (
         f"{HEALTH_OK_PREFIX} steps 0..9: 8 launches, kernel runs pre_verify 8, post_verify 8, "

@@ -48,9 +48,8 @@ def everything_enabled(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(sys, "argv", ["launch_server"])
     registered: list[str] = []
-    monkeypatch.setattr(
-        HookRegistry, "register", classmethod(lambda cls, target, *a, **k: registered.append(target))
-    )
+    monkeypatch.setattr(HookRegistry, "register",
+                        classmethod(lambda cls, target, *a, **k: registered.append(target)))
     hooks_before = {target: list(entries) for target, entries in HookRegistry._hooks.items()}
     set_active_config_for_testing(None)
     yield registered
