@@ -51,8 +51,9 @@ def sampler_environment(monkeypatch):
     monkeypatch.setattr(sglang_sampler, "get_tp_group", lambda: SimpleNamespace(device_group=None))
     monkeypatch.setattr(sglang_sampler, "is_dp_attention_enabled", lambda: False)
     monkeypatch.setattr(sglang_sampler, "_CUSTOM_SAMPLER_FACTORIES", {})
+    # as in a fresh process (another test may have installed an oracle in this one)
     monkeypatch.setattr(sglang_server_args, "SAMPLING_BACKEND_CHOICES",
-                        set(sglang_server_args.SAMPLING_BACKEND_CHOICES))
+                        set(sglang_server_args.SAMPLING_BACKEND_CHOICES) - {"token_oracle"})
     monkeypatch.setattr(canary_config, "_active_config", None)
 
 
