@@ -225,7 +225,7 @@ def test_idle_forward_runs_no_kernel_and_is_not_live() -> None:
     request = SimulatedRequest(rid="r", prompt=[5, 6], max_new_tokens=2)
     server.admit(request)
     server.extend([(request, 2)])
-    assert _counter(server, COUNTER_STEP) == 1  # the idle forward was not a step
+    assert _counter(server, COUNTER_STEP) == 1  # the first live forward is step 1
 
 
 def test_unsupported_mode_is_refused_before_the_forward_runs() -> None:
