@@ -1,12 +1,14 @@
-"""Host cost of the verify-token history sync (full vs incremental) and the scatter kernel's speed.
+"""Host cost of the token-history sync (full vs incremental) and the scatter kernel's speed.
 
-Part 1, any machine: per-forward host time of ``snapshot`` (at ``ForwardBatch.init_new``) and
-``populate`` (before the forward) for a steady decode batch of N running requests with H-token
-histories, in FULL and INCREMENTAL mode, side by side; plus a "churn" variant where every step
-two requests finish and two new H-token requests take their rows. On a machine without CUDA the
-pool lives on the CPU and the scatter launch is left out (a CPU has no Triton backend; the
-interpreter would measure itself), so "populate" is its host work: the staging copy and the
-bookkeeping. With CUDA, populate is the real call (pinned copy + launch), timed without a sync.
+Part 1, any machine: per-forward host time of ``RequestRows.prepare`` (at
+``ForwardBatch.init_new``) and of the upload (before the forward: the packed buffer copied to the
+device staging, ``TokenHistory.upload``, ``RequestRows.commit``, as the model runner's canary
+does it) for a steady decode batch of N running requests with H-token histories, full
+(``incremental=False``) and incremental side by side; plus a "churn" variant where every step two
+requests finish and two new H-token requests take their rows. On a machine without CUDA the
+history lives on the CPU and the scatter launch is left out (a CPU has no Triton backend; the
+interpreter would measure itself), so "upload" is its host work: the staging copy and the
+bookkeeping. With CUDA, upload is the real call (pinned copy + launch), timed without a sync.
 
 Part 2, CUDA only: the scatter kernel vs the torch reference from decode sizes to 2M tokens:
 GPU time (from CUDA-graph replays) with the achieved bandwidth, and the eager call's time.
@@ -27,16 +29,14 @@ from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req
 from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (
     scatter_req_token_ids_torch_reference,
 )
-from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (
-    ReqToVerifyExpectedTokens,
-    TokenHistorySyncMode,
-)
+from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
+from sglang.srt.kv_canary.token_history.history import TokenHistory
 
 from timing import event_time_us, graph_time_us  # sibling module: this directory is on sys.path
 
 
 class _Req:
-    """The attributes of SGLang's ``Req`` the snapshot reads (list-based, as in 0.5.12)."""
+    """The attributes of SGLang's ``Req`` the bookkeeping reads (list-based, as in 0.5.12)."""
 
     def __init__(self, rid: str, prompt: list[int], row: int) -> None:
         self.rid = rid
@@ -50,21 +50,46 @@ def _new_request(rng: random.Random, rid: int, history: int, row: int) -> _Req:
     return _Req(f"r{rid}", [rng.randrange(150_000) for _ in range(history)], row)
 
 
+class _HistorySync:
+    """Request-row bookkeeping and the device history, driven as the model runner's canary
+    drives them (one preallocated device staging buffer, grown on demand)."""
+
+    def __init__(self, *, incremental: bool, num_rows: int, max_context_len: int,
+                 device: str) -> None:
+        self.rows = RequestRows(num_rows=num_rows, token_history=True, owner_chains=False,
+                                pin_memory=device == "cuda", incremental=incremental)
+        self.history = TokenHistory(
+            num_rows=num_rows, max_context_len=max_context_len, device=device,
+            # See the module docstring: on a CPU time the host work, not a CPU Triton interpreter.
+            scatter=launch_scatter_req_token_ids_kernel if device == "cuda" else _no_scatter,
+        )
+        self._staging = torch.empty((1 << 16,), dtype=torch.int64, device=device)
+
+    def prepare(self, reqs: list[_Req]) -> RowUpdates:
+        return self.rows.prepare(reqs=reqs, prefix_lens=[0] * len(reqs))
+
+    def upload(self, updates: RowUpdates) -> None:
+        words = updates.packed.shape[0]
+        if self._staging.shape[0] < words:
+            self._staging = torch.empty((1 << (words - 1).bit_length(),), dtype=torch.int64,
+                                        device=self._staging.device)
+        staging = self._staging[:words]
+        staging.copy_(updates.packed, non_blocking=True)
+        section, _ = updates.sections_on(staging)
+        self.history.upload(section)
+        self.rows.commit(updates)
+
+
 def _measure_host(
-    *, mode: TokenHistorySyncMode, num_requests: int, history: int, steps: int, churn: int,
-    device: str,
+    *, incremental: bool, num_requests: int, history: int, steps: int, churn: int, device: str,
 ) -> dict[str, float]:
     rng = random.Random(0)
-    pool = ReqToVerifyExpectedTokens(
-        num_rows=num_requests + 1, max_context_len=history + steps + 8, device=device,
-        sync_mode=mode,
-        # See the module docstring: on a CPU time the host work, not a CPU Triton interpreter.
-        scatter=launch_scatter_req_token_ids_kernel if device == "cuda" else _no_scatter,
-    )
+    sync = _HistorySync(incremental=incremental, num_rows=num_requests + 1,
+                        max_context_len=history + steps + 8, device=device)
     reqs = [_new_request(rng, i, history, row=i + 1) for i in range(num_requests)]
     next_rid = num_requests
-    pool.populate(pool.snapshot(reqs))  # admission: every history is written once
-    snapshot_ms, populate_ms, tokens = [], [], []
+    sync.upload(sync.prepare(reqs))  # admission: every history is written once
+    prepare_ms, upload_ms, tokens = [], [], []
     for _ in range(steps):
         for req in reqs:
             req.output_ids.append(rng.randrange(150_000))
@@ -73,18 +98,18 @@ def _measure_host(
             reqs[victim] = _new_request(rng, next_rid, history, row=reqs[victim].req_pool_idx)
             next_rid += 1
         start = time.perf_counter()
-        info = pool.snapshot(reqs)
+        updates = sync.prepare(reqs)
         middle = time.perf_counter()
-        pool.populate(info)
+        sync.upload(updates)
         end = time.perf_counter()
-        snapshot_ms.append((middle - start) * 1e3)
-        populate_ms.append((end - middle) * 1e3)
-        tokens.append(info.num_tokens)
+        prepare_ms.append((middle - start) * 1e3)
+        upload_ms.append((end - middle) * 1e3)
+        tokens.append(updates.token_history.req_all_ids_flat.shape[0])
     if device == "cuda":
         torch.cuda.synchronize()
     return {
-        "snapshot_ms": statistics.median(snapshot_ms),
-        "populate_ms": statistics.median(populate_ms),
+        "prepare_ms": statistics.median(prepare_ms),
+        "upload_ms": statistics.median(upload_ms),
         "tokens": statistics.median(tokens),
     }
 
@@ -96,16 +121,17 @@ def _no_scatter(**_: object) -> None:
 def _host_report(*, num_requests: int, history: int, steps: int, device: str) -> None:
     print(f"\n== host time per forward: {num_requests} running requests, {history}-token "
           f"histories, median of {steps} decode steps, pool on {device} ==")
-    print(f"{'scenario':<22}{'mode':<13}{'snapshot ms':>13}{'populate ms':>13}{'total ms':>11}"
+    print(f"{'scenario':<22}{'mode':<13}{'prepare ms':>13}{'upload ms':>13}{'total ms':>11}"
           f"{'tokens/fwd':>12}")
     for churn in (0, 2):
         scenario = "decode" if churn == 0 else f"decode + {churn} new/step"
-        for mode in (TokenHistorySyncMode.FULL, TokenHistorySyncMode.INCREMENTAL):
-            r = _measure_host(mode=mode, num_requests=num_requests, history=history, steps=steps,
-                              churn=churn, device=device)
-            total_ms = r["snapshot_ms"] + r["populate_ms"]
-            print(f"{scenario:<22}{mode.value:<13}{r['snapshot_ms']:>13.3f}"
-                  f"{r['populate_ms']:>13.3f}{total_ms:>11.3f}{int(r['tokens']):>12}")
+        for incremental in (False, True):
+            r = _measure_host(incremental=incremental, num_requests=num_requests,
+                              history=history, steps=steps, churn=churn, device=device)
+            total_ms = r["prepare_ms"] + r["upload_ms"]
+            mode = "incremental" if incremental else "full"
+            print(f"{scenario:<22}{mode:<13}{r['prepare_ms']:>13.3f}"
+                  f"{r['upload_ms']:>13.3f}{total_ms:>11.3f}{int(r['tokens']):>12}")
 
 
 def _kernel_report() -> None:

@@ -70,9 +70,9 @@ def test_pipe_reads_a_copy_only_after_its_event_completed() -> None:
         counters=counters, new_event=lambda: _ManualEvent(recorded), depth=2
     )
     for steps in (1, 2):
-        assert pipe.enqueue(steps=steps, live_forwards=steps)
+        assert pipe.enqueue(steps=steps, launches=steps)
         counters += 100  # later device work must not leak into a copy already taken
-    assert not pipe.enqueue(steps=3, live_forwards=3)  # both slots in flight: skipped
+    assert not pipe.enqueue(steps=3, launches=3)  # both slots in flight: skipped
     assert pipe.drain() == []
     recorded[1].done = True  # the newer copy alone is not consumed out of order
     assert pipe.drain() == []
@@ -80,7 +80,7 @@ def test_pipe_reads_a_copy_only_after_its_event_completed() -> None:
     first, second = pipe.drain()
     assert (first.steps, first.counters) == (1, tuple(range(NUM_COUNTERS)))
     assert (second.steps, second.counters) == (2, tuple(range(100, 100 + NUM_COUNTERS)))
-    assert pipe.enqueue(steps=4, live_forwards=4)  # slots are free again
+    assert pipe.enqueue(steps=4, launches=4)  # slots are free again
 
 
 def _monitor(state: _State, *, mode: CanaryMode = CanaryMode.LOG, new_event=HostEvent,
@@ -96,14 +96,14 @@ def test_violation_surfaces_at_the_next_poll_and_only_once(caplog) -> None:
     caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
     monitor.poll()
     state.add_violation(position=5, step=0)  # forward 0 finds a violation
-    monitor.after_forward(steps=1, live_forwards=1)
+    monitor.after_forward(steps=1, launches=1)
     assert not find_violation_rows(caplog.text)  # not during the step that produced it
     monitor.poll()  # start of the next step
     rows = find_violation_rows(caplog.text)
     assert [(r.position, r.step) for r in rows] == [(5, 0)]
     assert all(rec.levelno == logging.WARNING for rec in caplog.records
                if "kv_canary violation" in rec.getMessage())
-    monitor.after_forward(steps=2, live_forwards=2)
+    monitor.after_forward(steps=2, launches=2)
     monitor.poll()
     assert len(find_violation_rows(caplog.text)) == 1
 
@@ -118,7 +118,7 @@ def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
 
     monitor = _monitor(state, new_event=new_event)
     state.add_violation(position=3, step=0)
-    monitor.after_forward(steps=1, live_forwards=1)
+    monitor.after_forward(steps=1, launches=1)
     monitor.poll()  # the device has not finished the copy: nothing yet, and no blocking
     assert not find_violation_rows(caplog.text)
     for event in events:
@@ -152,7 +152,7 @@ def test_raise_mode_raises_with_the_same_lines(caplog) -> None:
     monitor = _monitor(state, mode=CanaryMode.RAISE)
     state.add_violation(position=7, step=0)
     state.add_violation(position=8, step=0)
-    monitor.after_forward(steps=1, live_forwards=1)
+    monitor.after_forward(steps=1, launches=1)
     with pytest.raises(CanaryViolationError) as raised:
         monitor.poll()
     assert [r.position for r in raised.value.rows] == [7, 8]
@@ -167,10 +167,24 @@ def test_stats_line_every_n_steps_from_the_snapshot(caplog) -> None:
     for step in range(1, 5):
         monitor.poll()
         state.counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] += 1
-        monitor.after_forward(steps=step, live_forwards=step)
+        monitor.after_forward(steps=step, launches=step)
     stats = [m for m in caplog.messages if m.startswith("KV canary stats:")]
     assert len(stats) == 2
     assert stats[-1].endswith("0 violations, 3 steps")  # the newest consumed snapshot: step 3
+
+
+def test_discarded_copies_are_never_reported(caplog) -> None:
+    """Serving starts: the counters are zeroed and copies taken before are forgotten."""
+    state = _State()
+    monitor = _monitor(state)
+    state.add_violation(position=4, step=0)  # a start-up forward's row
+    monitor.after_forward(steps=1, launches=1)
+    state.counters.zero_()
+    monitor.discard_pending()
+    monitor.poll()
+    monitor.after_forward(steps=1, launches=1)
+    monitor.poll()
+    assert find_violation_rows(caplog.text) == []
 
 
 def test_reporter_rejects_mode_none() -> None:

@@ -135,7 +135,7 @@ def test_stats_line_round_trip() -> None:
     counters[COUNTER_ENTRIES + CheckKind.PRE_VERIFY] = 100
     counters[COUNTER_ENTRIES + CheckKind.POST_VERIFY] = 90
     counters[COUNTER_ENTRIES + CheckKind.WRITE] = 30
-    line = stats_line(CounterSnapshot(steps=40, live_forwards=38, counters=tuple(counters)))
+    line = stats_line(CounterSnapshot(steps=40, launches=38, counters=tuple(counters)))
     assert line == ("KV canary stats: protected 190 tokens (slots verified), 30 slots written, "
                     "2 violations, 40 steps")
     match = STATS_LINE_RE.search("[TP0] " + line)

@@ -1,14 +1,15 @@
-"""The canary runtime on CPU against SGLang's own objects: ``ForwardBatch`` -> batch view for
-each mode, installation beside a real ``MHATokenToKVPool`` (records per slot, real-data view of
-the live K bytes, ``model.forward`` wrapped with its signature kept), the per-step host path
-(live vs idle forwards, refused modes, re-entrancy, faults undone), and every core hook function
-(padded graph rows, graph (re)capture, memory budget)."""
+"""The model runner's canary on CPU against SGLang's own objects: ``ForwardBatch`` -> batch view
+for each mode, installation beside a real ``MHATokenToKVPool`` (records per slot, real-data view
+of the live K bytes, ``model.forward`` wrapped with its signature kept), the per-forward host path
+(live vs idle forwards, refused modes, re-entrancy, faults undone, exactly one canary launch per
+live forward), and the core adapters (padded graph rows, graph (re)capture, memory budget)."""
 
 import inspect
 import logging
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,23 +23,33 @@ from sglang.jit_kernel.kv_canary.consts import (
     RECORD_FIELDS,
     CheckKind,
 )
-from sglang.srt.kv_canary import core_hooks
-from sglang.srt.kv_canary.runner.kernel_inputs import UnsupportedForwardModeError, build_batch_view
-from sglang.srt.kv_canary.config import (
-    CanaryConfig,
-    CanaryMode,
-    PerturbConfig,
-    RealDataMode,
-    set_active_config_for_testing,
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
+from sglang.srt.kv_canary.hooks.cuda_graph_runner import before_capture, before_populate_buffers
+from sglang.srt.kv_canary.hooks.model_runner import (
+    add_record_bytes_to_cell_size,
+    around_forward,
+    reserve_fixed_bytes,
+)
+from sglang.srt.kv_canary.monitor.health import CanaryHealthError
+from sglang.srt.kv_canary.runner.canary_runner import (
+    CanaryRunner,
+    attach_canary_runner,
+    runner_of,
+)
+from sglang.srt.kv_canary.runner.kernel_inputs import (
+    UnsupportedForwardModeError,
+    build_batch_view,
+    canary_layout,
 )
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.runner.memory_budget import fixed_bytes
-from sglang.srt.kv_canary.runner.model_forward import CanaryModelForward
-from sglang.srt.kv_canary.runtime import install_canary, runtime_of
+from sglang.srt.kv_canary.runner.memory_budget import UPLOAD_STAGING_WORDS, fixed_buffers
+from sglang.srt.kv_canary.runner.model_forward import CanaryModelForward, uninstall_model_forward
+from sglang.srt.kv_canary.selfcheck.scenarios import install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,
     SimulatedRequest,
     SimulatedServer,
+    SimulatedServerArgs,
 )
 from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -92,9 +103,13 @@ def _extend_batch(*, mode: ForwardMode, prefix_lens: list[int], extend_lens: lis
 # ----------------------------------------------------------------------------- batch views
 
 
+def _view(batch: ForwardBatch):
+    return build_batch_view(batch, layout=canary_layout(batch.forward_mode), checks={})
+
+
 def test_decode_view_is_made_of_the_batch_tensors() -> None:
     batch = _decode_batch(req_pool_indices=[3, 0], seq_lens=[9, 1])
-    view = build_batch_view(batch)
+    view = _view(batch)
     assert view.layout is BatchLayout.DECODE
     for name in ("req_pool_indices", "seq_lens", "input_ids", "positions", "out_cache_loc"):
         assert getattr(view, name).data_ptr() == getattr(batch, name).data_ptr(), name
@@ -103,7 +118,7 @@ def test_decode_view_is_made_of_the_batch_tensors() -> None:
 
 @pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.MIXED])
 def test_extend_and_mixed_views_use_the_extend_layout(mode: ForwardMode) -> None:
-    view = build_batch_view(_extend_batch(mode=mode, prefix_lens=[0, 4], extend_lens=[5, 1]))
+    view = _view(_extend_batch(mode=mode, prefix_lens=[0, 4], extend_lens=[5, 1]))
     assert view.layout is BatchLayout.EXTEND
     assert view.extend_start_loc.tolist() == [0, 5]
 
@@ -111,37 +126,31 @@ def test_extend_and_mixed_views_use_the_extend_layout(mode: ForwardMode) -> None
 def test_dp_attention_padded_extend_rows_are_cut_to_the_prefix_rows() -> None:
     batch = _extend_batch(mode=ForwardMode.EXTEND, prefix_lens=[2, 0], extend_lens=[3, 4],
                           padded_rows=2)
-    view = build_batch_view(batch)
+    view = _view(batch)
     assert view.batch_size == 2
     assert view.req_pool_indices.data_ptr() == batch.req_pool_indices.data_ptr()
 
 
 def test_idle_has_no_view_and_other_modes_are_refused() -> None:
-    idle = _decode_batch(req_pool_indices=[], seq_lens=[])
-    idle.forward_mode = ForwardMode.IDLE
-    assert build_batch_view(idle) is None
+    assert canary_layout(ForwardMode.IDLE) is None
     for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.SPLIT_PREFILL,
                  ForwardMode.DRAFT_EXTEND_V2, ForwardMode.PREBUILT, ForwardMode.DLLM_EXTEND):
-        batch = _decode_batch(req_pool_indices=[1], seq_lens=[2])
-        batch.forward_mode = mode
         with pytest.raises(UnsupportedForwardModeError, match=f"forward mode {mode.name} is not"):
-            build_batch_view(batch)
+            canary_layout(mode)
 
 
 # ----------------------------------------------------------------------------- installation
 
 
 def _server(*, page_size: int = 1, config: CanaryConfig = _LOG, forward=None) -> SimulatedServer:
+    """A simulated server whose forwards go through the ``ModelRunner.forward`` adapter."""
+
     def through_hook(batch: ForwardBatch) -> object:
-        return core_hooks.around_model_runner_forward(
-            SimulatedModelRunner.forward, server.runner, batch
-        )
+        return around_forward(SimulatedModelRunner.forward, server.runner, batch)
 
     server = SimulatedServer(page_size=page_size, num_pages=32, max_requests=8,
                              max_context_len=64, forward=forward or through_hook)
-    install_canary(model_runner=server.runner, config=config, kernels=_KERNELS,
-                   memory_source="test")
-    runtime_of(server.runner).reset_for_serving()
+    install_canary_runner(model_runner=server.runner, config=config, kernels=_KERNELS)
     return server
 
 
@@ -149,7 +158,7 @@ def _server(*, page_size: int = 1, config: CanaryConfig = _LOG, forward=None) ->
 def test_install_keeps_one_record_per_slot_beside_the_pool(page_size: int, caplog) -> None:
     caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
     server = _server(page_size=page_size)
-    state = runtime_of(server.runner).state
+    state = runner_of(server.runner).state
     keys = server.kv_pool.k_buffer[0]
     assert state.records.shape == (keys.shape[0], RECORD_FIELDS)
     assert state.req_to_token is server.req_to_token_pool.req_to_token
@@ -166,20 +175,24 @@ def test_install_wraps_forward_keeping_its_signature_and_refuses_twice() -> None
         "input_ids", "positions", "forward_batch"
     ]
     with pytest.raises(RuntimeError, match="already installed"):
-        install_canary(model_runner=server.runner, config=_LOG, kernels=_KERNELS,
-                       memory_source="test")
+        runner_of(server.runner).on_memory_pool()
+    with pytest.raises(RuntimeError, match="already has a canary"):
+        attach_canary_runner(
+            model_runner=server.runner,
+            runner=CanaryRunner(config=_LOG, model_runner=server.runner, kernels=_KERNELS),
+        )
 
 
-def test_runtime_of_a_runner_without_the_canary_says_which_hook_did_not_run() -> None:
-    with pytest.raises(RuntimeError, match="init_memory_pool did not run"):
-        runtime_of(object())
+def test_runner_of_a_model_runner_without_the_canary_says_which_hook_did_not_run() -> None:
+    with pytest.raises(RuntimeError, match="ModelRunner.initialize hook did not run"):
+        runner_of(object())
 
 
 # ----------------------------------------------------------------------------- per step
 
 
 def _counter(server: SimulatedServer, index: int) -> int:
-    return int(runtime_of(server.runner).state.counters[index])
+    return int(runner_of(server.runner).state.counters[index])
 
 
 def test_each_live_forward_runs_each_kernel_once_and_writes_clean_records() -> None:
@@ -191,22 +204,28 @@ def test_each_live_forward_runs_each_kernel_once_and_writes_clean_records() -> N
     server.extend([(first, 5), (second, 3)])  # chunked first
     server.extend([(first, 4)], decoding=[second])  # mixed
     server.decode([first, second], padded_rows=1)
-    runtime = runtime_of(server.runner)
-    assert runtime.steps == 3
     for kind in (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY, CheckKind.WRITE):
         assert _counter(server, COUNTER_KERNEL_RUNS + kind) == 3
     assert _counter(server, COUNTER_STEP) == 3
     assert _counter(server, COUNTER_VIOLATIONS) == 0
 
 
-def test_idle_forward_runs_no_kernel_and_is_not_live() -> None:
-    server = _server()
+def _idle_batch(server: SimulatedServer) -> ForwardBatch:
     idle = _decode_batch(req_pool_indices=[], seq_lens=[])
     idle.forward_mode = ForwardMode.IDLE
     idle.token_to_kv_pool = server.kv_pool
-    server.forward(idle)
-    assert runtime_of(server.runner).steps == 1
+    return idle
+
+
+def test_idle_forward_runs_no_kernel_and_is_not_live() -> None:
+    server = _server()
+    server.forward(_idle_batch(server))  # 0 launches is what an IDLE forward must have
     assert _counter(server, COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY) == 0
+    assert _counter(server, COUNTER_STEP) == 0
+    request = SimulatedRequest(rid="r", prompt=[5, 6], max_new_tokens=2)
+    server.admit(request)
+    server.extend([(request, 2)])
+    assert _counter(server, COUNTER_STEP) == 1  # the first live forward is step 1
 
 
 def test_unsupported_mode_is_refused_before_the_forward_runs() -> None:
@@ -215,7 +234,7 @@ def test_unsupported_mode_is_refused_before_the_forward_runs() -> None:
     batch = _decode_batch(req_pool_indices=[1], seq_lens=[2])
     batch.forward_mode = ForwardMode.TARGET_VERIFY
     with pytest.raises(UnsupportedForwardModeError):
-        core_hooks.around_model_runner_forward(lambda *a: ran.append(a), server.runner, batch)
+        around_forward(lambda *a: ran.append(a), server.runner, batch)
     assert ran == []
 
 
@@ -253,19 +272,61 @@ def test_faults_are_undone_even_when_the_forward_raises() -> None:
         raise RuntimeError("model failed")
 
     with pytest.raises(RuntimeError, match="model failed"):
-        core_hooks.around_model_runner_forward(failing_forward, server.runner, batch)
+        around_forward(failing_forward, server.runner, batch)
     assert torch.equal(server.req_to_token_pool.req_to_token, before)
 
 
-def test_reset_for_serving_zeroes_the_counters() -> None:
+def test_serving_start_zeroes_the_counters() -> None:
     server = _server()
     request = SimulatedRequest(rid="r", prompt=[5, 6], max_new_tokens=2)
     server.admit(request)
     server.extend([(request, 2)])
-    runtime = runtime_of(server.runner)
-    assert int(runtime.state.counters.sum()) > 0
-    runtime.reset_for_serving()
-    assert int(runtime.state.counters.abs().sum()) == 0
+    runner = runner_of(server.runner)
+    assert int(runner.state.counters.sum()) > 0
+    runner.on_serving_start()
+    assert int(runner.state.counters.abs().sum()) == 0
+
+
+# ----------------------------------------------------------------------------- launch accounting
+
+
+def _two_requests(server: SimulatedServer) -> list[SimulatedRequest]:
+    requests = [SimulatedRequest(rid=f"r{i}", prompt=[1, 2, 3], max_new_tokens=4)
+                for i in range(2)]
+    for request in requests:
+        server.admit(request)
+    return requests
+
+
+def test_a_live_forward_without_the_model_wrapper_fails_the_health_check() -> None:
+    """The wrapper on ``model.forward`` removed (a model replaced at run time): the forward
+    enqueues no canary launch, and the runner raises at once, in log mode too."""
+    server = _server()
+    requests = _two_requests(server)
+    server.extend([(r, 3) for r in requests])
+    uninstall_model_forward(server.runner.model)
+    with pytest.raises(CanaryHealthError, match="ran the canary launches 0 times, expected 1"):
+        server.decode(requests)
+
+
+def test_a_forward_that_launches_twice_fails_the_health_check() -> None:
+    def model_called_twice(model_runner: SimulatedModelRunner, batch: ForwardBatch) -> object:
+        model_runner.model.forward(batch.input_ids, batch.positions, batch)
+        return model_runner.model.forward(batch.input_ids, batch.positions, batch)
+
+    server = _server(
+        forward=lambda batch: around_forward(model_called_twice, server.runner, batch)
+    )
+    requests = _two_requests(server)
+    with pytest.raises(CanaryHealthError, match="ran the canary launches 2 times, expected 1"):
+        server.extend([(r, 3) for r in requests])
+
+
+def test_an_idle_forward_without_a_launch_is_fine_even_without_the_wrapper() -> None:
+    server = _server()
+    uninstall_model_forward(server.runner.model)
+    server.forward(_idle_batch(server))
+    server.forward(_idle_batch(server))
 
 
 # ----------------------------------------------------------------------------- graph hooks
@@ -290,7 +351,7 @@ def _populate(buffers: DecodeInputBuffers, *, req_pool_indices: list[int], bs: i
         enable_num_token_non_padded_flag=False,
     )
     if with_fix:
-        core_hooks.zero_padded_req_pool_indices(buffers, **kwargs)
+        before_populate_buffers(buffers, **kwargs)
     buffers.populate_from_forward_batch(**kwargs)
 
 
@@ -307,13 +368,9 @@ def test_padded_graph_rows_point_at_request_row_zero_only_with_the_fix(with_fix:
 def test_capture_starts_from_padding_rows_only() -> None:
     buffers = _decode_buffers(4)
     _populate(buffers, req_pool_indices=[5, 6, 7, 8], bs=4, with_fix=True)
-
-    class GraphRunner:  # the attribute CudaGraphRunner.capture's hook reads
-        pass
-
-    runner = GraphRunner()
-    runner.buffers = buffers
-    core_hooks.clear_graph_inputs_before_capture(runner)
+    # the attributes of CudaGraphRunner that CudaGraphRunner.capture's adapter reads
+    graph_runner = SimpleNamespace(buffers=buffers, model_runner=_server().runner)
+    before_capture(graph_runner)
     assert buffers.req_pool_indices.tolist() == [0] * 4
     assert buffers.out_cache_loc.tolist() == [0] * 4
 
@@ -322,19 +379,27 @@ def test_capture_starts_from_padding_rows_only() -> None:
 
 
 def test_memory_budget_hooks() -> None:
-    cell_size = core_hooks.add_record_bytes_to_cell_size(4096, object(), object(), 4)
+    cell_size = add_record_bytes_to_cell_size(4096, object(), object(), 4)
     assert cell_size == 4096 + RECORD_BYTES
 
-    class Runner:
-        page_size = 4
-
-    set_active_config_for_testing(CanaryConfig(mode=CanaryMode.LOG, ring_capacity=100))
-    try:
-        available = core_hooks.reserve_fixed_canary_bytes(10**9, Runner(), 0)
-    finally:
-        set_active_config_for_testing(None)
-    assert available == 10**9 - fixed_bytes(ring_capacity=100, page_size=4)
-    assert fixed_bytes(ring_capacity=100, page_size=4) == 4 * 32 + 100 * 10 * 8 + 10 * 8
+    model_runner = SimpleNamespace(  # what the budget reads of a ModelRunner, before the pools
+        device="cpu", page_size=4, dp_size=1,
+        server_args=SimulatedServerArgs(max_running_requests=7),
+        model_config=SimpleNamespace(context_len=60),
+    )
+    attach_canary_runner(
+        model_runner=model_runner,
+        runner=CanaryRunner(config=CanaryConfig(mode=CanaryMode.LOG, ring_capacity=100),
+                            model_runner=model_runner, kernels=_KERNELS),
+    )
+    available = reserve_fixed_bytes(10**9, model_runner, 0)
+    expected = fixed_buffers(
+        page_size=4, ring_capacity=100, request_rows=8, context_columns=64, token_history=False,
+        write_expectation_tokens=0, graph_rows=0,
+    )
+    assert available == 10**9 - expected.total
+    # padding records, ring, counters, owner chains (8 rows), upload staging
+    assert expected.total == 4 * 32 + 100 * 10 * 8 + 10 * 8 + 8 * 8 + UPLOAD_STAGING_WORDS * 8
 
 
 def test_hooks_apply_to_sglang_and_fix_padded_rows_through_the_registry() -> None:
@@ -344,15 +409,17 @@ def test_hooks_apply_to_sglang_and_fix_padded_rows_through_the_registry() -> Non
         import torch
         from sglang.srt.kv_canary import hook_targets
         from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
+        from sglang.srt.kv_canary.hook_registration import register_hooks, verify_hooks_applied
         from sglang.srt.plugins.hook_registry import HookRegistry
         from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
         # sglang.srt.managers.scheduler imports CUDA libraries: its hook is checked statically
         hook_targets.HOOK_SPECS = tuple(
             s for s in hook_targets.HOOK_SPECS if ".managers.scheduler." not in s.target)
-        specs = hook_targets.register_hooks(CanaryConfig(mode=CanaryMode.LOG))
+        config = CanaryConfig(mode=CanaryMode.LOG)
+        specs = register_hooks(config)
         HookRegistry.apply_hooks()
-        hook_targets.verify_hooks_applied()
+        verify_hooks_applied(config)
         buffers = DecodeInputBuffers.create(
             device="cpu", max_bs=4, max_num_token=4, hidden_size=8, vocab_size=16,
             dtype=torch.float32, dp_size=1, pp_size=1, is_encoder_decoder=False,

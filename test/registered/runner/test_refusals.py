@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang.srt.kv_canary import core_hooks
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.refusals import (
     CanaryUnsupportedError,
     unsupported_pools,
@@ -67,16 +68,31 @@ def test_each_unsupported_flag_is_named(change: dict, named: str) -> None:
     assert len(reasons) == 1 and named in reasons[0], reasons
 
 
-def test_the_start_up_hook_raises_every_reason_at_once() -> None:
-    class Runner:
-        server_args = _ServerArgs(disable_piecewise_cuda_graph=False, pp_size=2)
+def _runner_with(
+    server_args: _ServerArgs, *, config: CanaryConfig = CanaryConfig(mode=CanaryMode.LOG)
+) -> CanaryRunner:
+    class ModelRunner:
+        device = "cpu"
 
+    model_runner = ModelRunner()
+    model_runner.server_args = server_args
+    return CanaryRunner(config=config, model_runner=model_runner,
+                        kernels=load_kernels(KernelBackend.TORCH_REFERENCE))
+
+
+def test_the_start_up_check_raises_every_reason_at_once() -> None:
+    runner = _runner_with(_ServerArgs(disable_piecewise_cuda_graph=False, pp_size=2))
     with pytest.raises(CanaryUnsupportedError) as raised:
-        core_hooks.refuse_unsupported_server_args(Runner(), 0)
+        runner.refuse_unsupported_flags()
     message = str(raised.value)
     assert "--disable-piecewise-cuda-graph" in message and "--pp-size 1" in message
     assert "unset SGLANG_KV_CANARY_MODE" in message
     assert len(raised.value.reasons) == 2
+
+
+def test_flags_are_not_refused_when_only_the_oracle_is_on() -> None:
+    runner = _runner_with(_ServerArgs(pp_size=2), config=CanaryConfig(enable_token_oracle=True))
+    runner.refuse_unsupported_flags()
 
 
 def _req_pool() -> ReqToTokenPool:

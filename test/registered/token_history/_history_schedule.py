@@ -1,4 +1,5 @@
-"""A simulated SGLang schedule for the token-history tests (CPU and GPU).
+"""A simulated SGLang schedule for the token-history tests (CPU and GPU), and the request-row
+bookkeeping plus device history driven the way the model runner's canary drives them.
 
 Requests arrive, are prefilled (in chunks: they sit in batches without new tokens), decode
 (one or several tokens per step, as with speculative decoding), finish, get retracted and
@@ -11,14 +12,20 @@ Histories may outgrow the pool's ``max_context_len`` so truncation is exercised 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import torch
+
+from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
+from sglang.srt.kv_canary.token_history.history import TokenHistory
 
 
 class FakeReq:
-    """The attributes of SGLang's ``Req`` that the snapshot reads (weak-referenceable)."""
+    """The attributes of SGLang's ``Req`` that the canary reads (weak-referenceable)."""
 
     def __init__(self, rid: str, prompt: list[int]) -> None:
         self.rid = rid
+        self.bootstrap_room: int | None = None
         self.origin_input_ids = prompt
         self.output_ids: list[int] = []
         self.req_pool_idx: int | None = None
@@ -88,3 +95,37 @@ class SimulatedSchedule:
             self._rng.shuffle(batch)
             yield batch
             self._advance()
+
+
+class SyncedHistory:
+    """The bookkeeping and the device history of one pool, driven as the model runner's canary
+    drives them: :meth:`prepare` at ``ForwardBatch.init_new``, :meth:`upload` before the forward
+    (the packed host buffer copied to the device, its history section scattered, then the
+    bookkeeping committed)."""
+
+    def __init__(self, *, incremental: bool, rows: int, width: int, device: str,
+                 scatter: Callable[..., None]) -> None:
+        self.incremental = incremental
+        self.device = device
+        self.rows = RequestRows(num_rows=rows, token_history=True, owner_chains=False,
+                                pin_memory=device == "cuda", incremental=incremental)
+        self.history = TokenHistory(num_rows=rows, max_context_len=width, device=device,
+                                    scatter=scatter)
+
+    def prepare(self, reqs: list[FakeReq]) -> RowUpdates:
+        return self.rows.prepare(reqs=reqs, prefix_lens=[0] * len(reqs))
+
+    def upload(self, updates: RowUpdates) -> None:
+        device_packed = updates.packed.to(self.device, non_blocking=True, copy=True)
+        section, owners = updates.sections_on(device_packed)
+        assert owners is None  # owner chains are not kept here
+        self.history.upload(section)
+        self.rows.commit(updates)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.history.tokens
+
+    @property
+    def lens(self) -> torch.Tensor:
+        return self.history.lens

@@ -5,8 +5,9 @@
   hands to ``ForwardBatch.init_new`` in 0.5.12.post1).
 * :func:`prepare_for_init_new`: a canary-installed simulated runner made fit for the real
   ``ForwardBatch.init_new``.
-* :func:`token_check_server`: a simulated server with the canary, the token checks and the
-  ``ForwardBatch.init_new`` hooks the hook table selects, as a server installs them.
+* :func:`token_check_server`: a simulated server with the model runner's canary (token checks,
+  and the oracle with the write-input assert) and the ``ForwardBatch.init_new`` adapters the hook
+  table selects, as a server installs them.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from types import SimpleNamespace
 
-from sglang.srt.kv_canary import core_hooks
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
-from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.runtime import CanaryRuntime, install_canary
+from sglang.srt.kv_canary.hooks.model_runner import around_forward
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
+from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_token_oracle
+from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
     SimulatedModelRunner,
@@ -53,9 +54,11 @@ def token_check_server(
     config: CanaryConfig,
     *,
     forward: Callable[[SimulatedServer, ForwardBatch], object] | None = None,
-) -> tuple[SimulatedServer, CanaryRuntime]:
-    """A simulated server (page size 4) whose forwards go through the canary's hook; ``forward``
-    (optional) runs instead, with the server and the batch, and must call :func:`run_hooked`."""
+    kernels: CanaryKernels = KERNELS,
+) -> tuple[SimulatedServer, CanaryRunner]:
+    """A simulated server (page size 4) whose forwards go through the ``ModelRunner.forward``
+    adapter; ``forward`` (optional) runs instead, with the server and the batch, and must call
+    :func:`run_hooked`."""
 
     def through_hook(batch: ForwardBatch) -> object:
         if forward is not None:
@@ -67,19 +70,13 @@ def token_check_server(
         init_new_hooks=init_new_hooks(config),
         sampler=OracleSampler(vocab_size=VOCAB_SIZE) if config.enable_token_oracle else None,
     )
-    if config.enable_token_oracle:
-        install_token_oracle(server.runner)
-    runtime = install_canary(model_runner=server.runner, config=config, kernels=KERNELS,
-                             memory_source="test")
-    runtime.reset_for_serving()
-    return server, runtime
+    runner = install_canary_runner(model_runner=server.runner, config=config, kernels=kernels)
+    return server, runner
 
 
 def run_hooked(server: SimulatedServer, batch: ForwardBatch) -> object:
-    """``ModelRunner.forward`` of the simulated runner through the canary's AROUND hook."""
-    return core_hooks.around_model_runner_forward(
-        SimulatedModelRunner.forward, server.runner, batch
-    )
+    """``ModelRunner.forward`` of the simulated runner through its AROUND adapter."""
+    return around_forward(SimulatedModelRunner.forward, server.runner, batch)
 
 
 # ----------------------------------------------------------------------------- real SGLang objects

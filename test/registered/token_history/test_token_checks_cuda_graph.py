@@ -1,11 +1,13 @@
 """The token checks inside a CUDA graph: the gap of the first upstream version, closed.
 
 Upstream filled the verify-token lengths per batch row on the eager path only, so a forward
-replayed from a CUDA graph compared no token at all. Here the canary's in-forward part
-(``CanaryModelForward`` with the real Triton kernels and :class:`TokenChecks`) is captured once,
-over static decode buffers padded like SGLang's decode graph, and then replayed step after step
-while requests decode, finish and are replaced (row reuse), the history being refreshed outside
-the graph before each replay. One replay consumes a wrong input token (what the ``input_ids``
+replayed from a CUDA graph compared no token at all. Here the model runner's canary
+(:class:`CanaryRunner` with the real Triton kernels, beside real SGLang pools on the GPU) is
+driven through its events as SGLang drives it: its in-forward part is captured once
+(``capture_decode_graph``), over static decode buffers padded like SGLang's decode graph, and
+then replayed step after step (``run_forward`` around ``on_decode_replay`` and the replay) while
+requests decode, finish and are replaced (row reuse), the history being uploaded outside the
+graph before each replay. One replay consumes a wrong input token (what the ``input_ids``
 perturbation does): the record of that slot then holds the wrong token, consistently, and
 
 * with the write-input assert, the same replay reports ``write_token`` (the oracle's token,
@@ -22,21 +24,20 @@ import pytest
 import torch
 from _history_schedule import FakeReq
 
-from sglang.jit_kernel.kv_canary.canary_kernels_ref import allocate_device_state
 from sglang.jit_kernel.kv_canary.consts import (
     COUNTER_KERNEL_RUNS,
     COUNTER_VIOLATIONS,
     CheckKind,
     Reason,
 )
-from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.runner.model_forward import CanaryModelForward
-from sglang.srt.kv_canary.req_to_expected_token_ids_manager import ReqToVerifyExpectedTokens
-from sglang.srt.kv_canary.token_oracle.request_ids import set_request_ids, stable_hash_str_to_i64
-from sglang.srt.kv_canary.token_checks.checks import TokenChecks
-from sglang.srt.kv_canary.token_oracle.oracle import HashOracle, hash_oracle_token_scalar
-from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 from sglang.srt.kv_canary.monitor.violations import ViolationRow
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner, attach_canary_runner
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.selfcheck.simulation import SimulatedServerArgs
+from sglang.srt.kv_canary.token_oracle.oracle import hash_oracle_token_scalar
+from sglang.srt.kv_canary.token_oracle.request_ids import stable_hash_str_to_i64
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cuda_ci
 
@@ -60,37 +61,51 @@ def _i64(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=_DEVICE)
 
 
+def _model_forward(input_ids, positions, forward_batch) -> None:
+    """The stand-in model: the canary's launches around it are what is captured."""
+    return None
+
+
 class _Harness:
-    """Canary state, token checks and the wrapped stand-in model forward on one GPU."""
+    """A model runner's canary (its events driven by hand, as SGLang's hooks call them) beside
+    real pools on one GPU."""
 
     def __init__(self, *, write_input: bool) -> None:
-        self.req_to_token = torch.zeros((_ROWS, _WIDTH), dtype=torch.int32, device=_DEVICE)
-        self.state = allocate_device_state(num_slots=_ROWS * _WIDTH,
-                                           req_to_token=self.req_to_token, ring_capacity=256)
-        kernels = load_kernels(KernelBackend.TRITON)
-        self.checks = TokenChecks(
-            history=ReqToVerifyExpectedTokens(num_rows=_ROWS, max_context_len=_WIDTH,
-                                              device=_DEVICE,
-                                              scatter=kernels.scatter_req_token_ids()),
-            verify_token=True,
-            oracle=TokenOracleManager(oracle=HashOracle(vocab_size=_VOCAB)) if write_input
-            else None,
-            expected_capacity=2 * _MAX_BS,
+        self.model_runner = SimpleNamespace(  # what the canary reads of a ModelRunner
+            device=_DEVICE, page_size=1, dp_size=1, is_draft_worker=False,
+            max_running_requests=_MAX_BS, server_args=SimulatedServerArgs(),
+            model=SimpleNamespace(forward=_model_forward),
+            model_config=SimpleNamespace(vocab_size=_VOCAB, context_len=_WIDTH - 4),
+            req_to_token_pool=ReqToTokenPool(size=_ROWS - 1, max_context_len=_WIDTH,
+                                             device=_DEVICE, enable_memory_saver=False),
+            token_to_kv_pool=MHATokenToKVPool(
+                _ROWS * _WIDTH, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=8,
+                layer_num=1, device=_DEVICE, enable_memory_saver=False, enable_alt_stream=False,
+            ),
         )
-        self.forward = CanaryModelForward(original=lambda input_ids, positions, batch: None,
-                                          state=self.state, kernels=kernels,
-                                          token_checks=self.checks)
-        self.checks.start_serving()
+        config = CanaryConfig(mode=CanaryMode.LOG, ring_capacity=256,
+                              enable_verify_token_assert=True,
+                              enable_write_input_assert=write_input,
+                              enable_token_oracle=write_input)
+        self.runner = attach_canary_runner(
+            model_runner=self.model_runner,
+            runner=CanaryRunner(config=config, model_runner=self.model_runner,
+                                kernels=load_kernels(KernelBackend.TRITON)),
+        )
+        self.runner.install_oracle()
+        self.runner.on_memory_pool()
+        self.runner.on_serving_start()
+        self.state = self.runner.state
+        self.req_to_token = self.model_runner.req_to_token_pool.req_to_token
 
-    def refresh_history(self, *, mode: ForwardMode, reqs: list[FakeReq]) -> None:
-        """What the init_new hook and run_step do for a forward, outside any graph."""
-        holder = SimpleNamespace(forward_mode=mode)
-        self.checks.snapshot(forward_batch=holder, reqs=reqs)
-        self.checks.populate_history(holder)
+    def init_new(self, batch: ForwardBatch, reqs: list[FakeReq]) -> ForwardBatch:
+        """What the ``ForwardBatch.init_new`` adapter does: the batch's carrier."""
+        self.runner.on_init_new(forward_batch=batch,
+                                worker_batch=SimpleNamespace(reqs=reqs, seq_lens_cpu=None))
+        return batch
 
     def prefill(self, reqs: list[FakeReq]) -> None:
         """One eager EXTEND forward over every request's whole prompt."""
-        self.refresh_history(mode=ForwardMode.EXTEND, reqs=reqs)
         ids, positions, slots, lens = [], [], [], []
         for req in reqs:
             n = len(req.origin_input_ids)
@@ -101,18 +116,20 @@ class _Harness:
             self.req_to_token[req.req_pool_idx, :n] = torch.tensor(
                 slots[-n:], dtype=torch.int32, device=_DEVICE)
         starts = [sum(lens[:i]) for i in range(len(lens))]
-        batch = ForwardBatch(
+        batch = self.init_new(ForwardBatch(
             forward_mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=_i64(ids),
             req_pool_indices=_i64([r.req_pool_idx for r in reqs]), seq_lens=_i64(lens),
             out_cache_loc=_i64(slots), seq_lens_sum=sum(lens), positions=_i64(positions),
             extend_prefix_lens=torch.zeros(len(reqs), dtype=torch.int32, device=_DEVICE),
             extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=_DEVICE),
             extend_start_loc=torch.tensor(starts, dtype=torch.int32, device=_DEVICE),
+            extend_prefix_lens_cpu=[0] * len(reqs), extend_seq_lens_cpu=lens,
+        ), reqs)
+        model = self.model_runner.model
+        self.runner.run_forward(
+            forward_batch=batch,
+            forward=lambda: model.forward(batch.input_ids, batch.positions, batch),
         )
-        set_request_ids(batch, rids_int=_i64([stable_hash_str_to_i64(r.rid) for r in reqs]),
-                        bootstrap_room_ids_int=_i64([-1] * len(reqs)))
-        setattr(batch, "kv_canary_prompt_lens", _i64(lens))
-        self.forward(batch.input_ids, batch.positions, batch)
         for req in reqs:
             req.output_ids.append(_oracle_token(req, len(req.origin_input_ids)))
 
@@ -123,55 +140,72 @@ class _Harness:
 
 
 class _DecodeGraph:
-    """Static decode buffers (``[_MAX_BS]``, padded rows: request row 0, slot 0, rid 0 / room
-    -1) and the canary's in-forward part captured over them, as SGLang's decode graph runner
-    and the oracle's graph-resident id buffers do."""
+    """Static decode buffers (``[_MAX_BS]``, padded rows: request row 0, slot 0) and the
+    canary's in-forward part captured over them through ``capture_decode_graph`` (which gives
+    the captured batch the graph-resident request ids), as SGLang's decode graph runner does."""
 
     def __init__(self, harness: _Harness) -> None:
         self.harness = harness
+        self.graph_runner = SimpleNamespace(max_bs=_MAX_BS, bs=_MAX_BS,
+                                            model_runner=harness.model_runner)
         self.batch = ForwardBatch(
             forward_mode=ForwardMode.DECODE, batch_size=_MAX_BS,
             input_ids=_i64([0] * _MAX_BS), req_pool_indices=_i64([0] * _MAX_BS),
             seq_lens=_i64([1] * _MAX_BS), out_cache_loc=_i64([0] * _MAX_BS),
             seq_lens_sum=_MAX_BS, positions=_i64([0] * _MAX_BS),
         )
-        set_request_ids(self.batch, rids_int=_i64([0] * _MAX_BS),
-                        bootstrap_room_ids_int=_i64([-1] * _MAX_BS))
+        self.graph = harness.runner.capture_decode_graph(
+            graph_runner=self.graph_runner, bs=_MAX_BS, capture=self._capture,
+            forward=harness.model_runner.model.forward,
+        )
+
+    def _capture(self, forward) -> torch.cuda.CUDAGraph:
+        """What ``CudaGraphRunner.capture_one_batch_size`` does with the forward it is given."""
+        batch = self.batch
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._run()  # warm-up (Triton compiles) on padding rows only: checks nothing
+            forward(batch.input_ids, batch.positions, batch)  # warm-up: padding rows only
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._run()
-
-    def _run(self) -> None:
-        batch = self.batch
-        self.harness.forward(batch.input_ids, batch.positions, batch)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward(batch.input_ids, batch.positions, batch)
+        return graph
 
     def replay(self, reqs: list[FakeReq], *, wrong_input: dict[str, int] | None = None) -> None:
-        """One decode step of ``reqs``: refresh the history, fill the static buffers (a row in
-        ``wrong_input`` consumes that token instead of its own), replay, sample."""
+        """One decode step of ``reqs`` through ``run_forward``: the history uploaded, the static
+        buffers filled (a row in ``wrong_input`` consumes that token instead of its own), the
+        graph's request ids refreshed, the graph replayed; then sample."""
         wrong_input = wrong_input or {}
-        self.harness.refresh_history(mode=ForwardMode.DECODE, reqs=reqs)
         n, pad = len(reqs), _MAX_BS - len(reqs)
+        assert n <= _MAX_BS
         positions = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in reqs]
         slots = [r.req_pool_idx * _WIDTH + p for r, p in zip(reqs, positions)]
         for req, position, slot in zip(reqs, positions, slots):
             self.harness.req_to_token[req.req_pool_idx, position] = slot
         inputs = [wrong_input.get(r.rid, r.output_ids[-1]) for r in reqs]
-        static = self.batch
-        static.input_ids.copy_(_i64(inputs + [0] * pad))
-        static.req_pool_indices.copy_(_i64([r.req_pool_idx for r in reqs] + [0] * pad))
-        static.seq_lens.copy_(_i64([p + 1 for p in positions] + [1] * pad))
-        static.positions.copy_(_i64(positions + [0] * pad))
-        static.out_cache_loc.copy_(_i64(slots + [0] * pad))
-        static.rids_int.copy_(_i64([stable_hash_str_to_i64(r.rid) for r in reqs] + [0] * pad))
-        self.graph.replay()
+        seq_lens = [p + 1 for p in positions]
+        live = self.harness.init_new(ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=n, input_ids=_i64(inputs),
+            req_pool_indices=_i64([r.req_pool_idx for r in reqs]), seq_lens=_i64(seq_lens),
+            out_cache_loc=_i64(slots), seq_lens_sum=sum(seq_lens), positions=_i64(positions),
+            seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+        ), reqs)
+
+        def replay() -> None:  # CudaGraphRunner.replay: populate, replay_prepare's hook, replay
+            static = self.batch
+            static.input_ids.copy_(_i64(inputs + [0] * pad))
+            static.req_pool_indices.copy_(_i64([r.req_pool_idx for r in reqs] + [0] * pad))
+            static.seq_lens.copy_(_i64(seq_lens + [1] * pad))
+            static.positions.copy_(_i64(positions + [0] * pad))
+            static.out_cache_loc.copy_(_i64(slots + [0] * pad))
+            self.harness.runner.on_decode_replay(graph_runner=self.graph_runner,
+                                                 forward_batch=live)
+            self.graph.replay()
+
+        self.harness.runner.run_forward(forward_batch=live, forward=replay)
         for req, position in zip(reqs, positions):
             req.output_ids.append(_oracle_token(req, position + 1))
-        assert n <= _MAX_BS
 
 
 def _request(rid: str, row: int, prompt_len: int) -> FakeReq:

@@ -2,7 +2,7 @@
 ``python -m sglang.launch_server`` on the tiny dummy-weight model (fixtures from
 ``e2e_fixtures.py``: ``canary_server(env=, args=)``).
 
-1. Both token checks on, the token oracle steering every token, the core's clean mixed
+1. Both token checks on, the token oracle steering every token, the detection tests' clean mixed
    workload (page/chunk boundaries +-1, shared prefixes A -> B -> A, padded graph batches,
    eviction, aborts), once with CUDA graphs, once without graphs with mixed chunks: zero
    violations; verify-token alone with the plain pytorch sampler at temperature 0.8 (histories
@@ -27,8 +27,8 @@ from sglang.srt.kv_canary.monitor.violation_reporter import RING_OVERFLOW_PREFIX
 from sglang.srt.kv_canary.monitor.violations import find_violation_rows
 from sglang.test.ci.ci_register import register_cuda_ci
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
-from test_core_e2e import (  # noqa: E402 - the core's workload and clean-log checks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from test_detection_e2e import (  # noqa: E402 - the detection workload and clean-log checks
     _CHUNK,
     _GRAPH_ARGS,
     _NO_GRAPH_ARGS,

@@ -1,4 +1,4 @@
-"""The expected-token pool on CUDA: pinned snapshots, async copies, and CUDA-graph replay.
+"""The device token history on CUDA: pinned uploads, async copies, and CUDA-graph replay.
 
 ``test_graph_replay_sees_histories_refreshed_before_replay`` is the test the first upstream
 version would have failed: its valid lengths were filled only on the eager path, so a replayed
@@ -11,12 +11,8 @@ import sys
 
 import pytest
 import torch
-from _history_schedule import FakeReq, SimulatedSchedule
+from _history_schedule import FakeReq, SimulatedSchedule, SyncedHistory
 
-from sglang.srt.kv_canary.req_to_expected_token_ids_manager import (
-    ReqToVerifyExpectedTokens,
-    TokenHistorySyncMode,
-)
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=40, suite="kv-canary-gpu")
@@ -24,36 +20,39 @@ register_cuda_ci(est_time=40, suite="kv-canary-gpu")
 _DEVICE = "cuda"
 
 
-def _pool(mode: TokenHistorySyncMode, *, rows: int, width: int) -> ReqToVerifyExpectedTokens:
-    return ReqToVerifyExpectedTokens(
-        num_rows=rows, max_context_len=width, device=_DEVICE, sync_mode=mode
+def _synced(*, incremental: bool, rows: int, width: int) -> SyncedHistory:
+    from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (
+        launch_scatter_req_token_ids_kernel,
     )
 
+    return SyncedHistory(incremental=incremental, rows=rows, width=width, device=_DEVICE,
+                         scatter=launch_scatter_req_token_ids_kernel)
+
 
 @pytest.mark.gpu
-def test_snapshots_are_pinned() -> None:
-    pool = _pool(TokenHistorySyncMode.INCREMENTAL, rows=3, width=8)
+def test_uploads_are_pinned() -> None:
+    synced = _synced(incremental=True, rows=3, width=8)
     req = FakeReq("a", [1, 2, 3])
     req.req_pool_idx = 1
-    info = pool.snapshot([req])
-    assert info.packed.is_pinned()
-    pool.populate(info)
+    updates = synced.prepare([req])
+    assert updates.packed.is_pinned()
+    synced.upload(updates)
     torch.cuda.synchronize()
-    assert pool.tokens[1, :3].tolist() == [1, 2, 3]
+    assert synced.tokens[1, :3].tolist() == [1, 2, 3]
 
 
 @pytest.mark.gpu
-def test_incremental_and_full_give_identical_pools_over_a_schedule() -> None:
+def test_incremental_and_full_give_identical_histories_over_a_schedule() -> None:
     rows, width = 33, 96
-    full = _pool(TokenHistorySyncMode.FULL, rows=rows, width=width)
-    incremental = _pool(TokenHistorySyncMode.INCREMENTAL, rows=rows, width=width)
+    full = _synced(incremental=False, rows=rows, width=width)
+    incremental = _synced(incremental=True, rows=rows, width=width)
     schedule = SimulatedSchedule(seed=5, pool_rows=rows, max_prompt_len=110)
     for step, batch in enumerate(schedule.batches(200)):
-        for pool in (full, incremental):
-            pool.populate(pool.snapshot(batch))  # no sync in between: copies stay async
+        for synced in (full, incremental):
+            synced.upload(synced.prepare(batch))  # no sync in between: copies stay async
         if step % 10 == 9:
             assert torch.equal(full.tokens, incremental.tokens), f"step {step}"
-            assert torch.equal(full.valid_lens_by_row, incremental.valid_lens_by_row)
+            assert torch.equal(full.lens, incremental.lens)
             for req in batch:
                 kept = req.history()[:width]
                 assert incremental.tokens[req.req_pool_idx, : len(kept)].tolist() == kept
@@ -67,8 +66,8 @@ class _CapturedTokenCheck:
     ``checked`` (positions compared) and ``mismatches``.
     """
 
-    def __init__(self, pool: ReqToVerifyExpectedTokens, *, max_bs: int, positions: int) -> None:
-        self.pool = pool
+    def __init__(self, history: SyncedHistory, *, max_bs: int, positions: int) -> None:
+        self.history = history
         self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=_DEVICE)
         self.stored_tokens = torch.zeros((max_bs, positions), dtype=torch.int32, device=_DEVICE)
         self.valid_lens = torch.zeros(max_bs, dtype=torch.int64, device=_DEVICE)
@@ -86,10 +85,9 @@ class _CapturedTokenCheck:
 
     def _check(self) -> None:
         # What the canary kernels do: read the valid length of each batch row's pool row.
-        torch.index_select(self.pool.valid_lens_by_row, 0, self.req_pool_indices,
-                           out=self.valid_lens)
+        torch.index_select(self.history.lens, 0, self.req_pool_indices, out=self.valid_lens)
         positions = self._position.numel()
-        expected = self.pool.tokens.index_select(0, self.req_pool_indices)[:, :positions]
+        expected = self.history.tokens.index_select(0, self.req_pool_indices)[:, :positions]
         compared = (self._position[None, :] < self.valid_lens[:, None]) & (
             self.req_pool_indices[:, None] != 0
         )
@@ -122,20 +120,20 @@ def _as_stored(*reqs: FakeReq) -> list[tuple[int, list[int]]]:
 
 @pytest.mark.gpu
 def test_graph_replay_sees_histories_refreshed_before_replay() -> None:
-    pool = _pool(TokenHistorySyncMode.INCREMENTAL, rows=8, width=32)
-    check = _CapturedTokenCheck(pool, max_bs=4, positions=24)  # captured before any request
+    synced = _synced(incremental=True, rows=8, width=32)
+    check = _CapturedTokenCheck(synced, max_bs=4, positions=24)  # captured before any request
     a = _admit("a", [11, 12, 13, 14], row=3)
     b = _admit("b", [21, 22], row=5)
 
-    pool.populate(pool.snapshot([a, b]))  # outside the graph, before the replay
+    synced.upload(synced.prepare([a, b]))  # outside the graph, before the replay
     assert check.replay(_as_stored(a, b)) == (6, 0)
 
     for step in range(3):  # decode: one new token each; only the suffix is copied
         a.output_ids.append(100 + step)
         b.output_ids.append(200 + step)
-        info = pool.snapshot([a, b])
-        assert info.num_tokens == 2
-        pool.populate(info)
+        updates = synced.prepare([a, b])
+        assert updates.token_history.req_all_ids_flat.shape == (2,)
+        synced.upload(updates)
         assert check.replay(_as_stored(a, b)) == (6 + 2 * (step + 1), 0)
 
     corrupted = a.history()
@@ -143,7 +141,7 @@ def test_graph_replay_sees_histories_refreshed_before_replay() -> None:
     assert check.replay([(3, corrupted), (5, b.history())]) == (12, 1)
 
     c = _admit("c", [31, 32, 33], row=5)  # b finished; c reuses its row
-    pool.populate(pool.snapshot([a, c]))
+    synced.upload(synced.prepare([a, c]))
     assert check.replay(_as_stored(a, c)) == (7 + 3, 0)
     assert check.replay([(3, a.history()), (5, b.history())]) == (10, 3)  # b's stale tokens
 

@@ -2,7 +2,8 @@
 
 ``forward_batch_from_init_new`` runs the real ``ForwardBatch.init_new`` (0.5.12.post1) on a real
 ``ModelWorkerBatch`` with a stand-in model runner (CPU, ``torch_native`` positions), then the
-package's init_new hook, exactly as the hooked classmethod does in a server.
+package's init_new adapter (the model runner's canary builds the batch's carrier), exactly as the
+hooked classmethod does in a server.
 """
 
 from __future__ import annotations
@@ -11,7 +12,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sglang.srt.kv_canary.request_id_hooks import attach_request_ids_after_init_new
+from sglang.srt.kv_canary.config import CanaryConfig
+from sglang.srt.kv_canary.hooks.forward_batch import after_init_new
+from sglang.srt.kv_canary.runner.canary_runner import (
+    RUNNER_ATTRIBUTE,
+    CanaryRunner,
+    attach_canary_runner,
+)
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
+from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.tools.worker_batches import greedy_sampling_info
 from sglang.srt.kv_canary.tools.worker_batches import (
     model_worker_batch as shared_model_worker_batch,
@@ -22,6 +32,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 VOCAB_SIZE = 4096
+ORACLE_ONLY = CanaryConfig(enable_token_oracle=True)
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,7 @@ class FakeReq:
 def model_runner_stub(*, is_draft_worker: bool = False, sampling_backend: str = "token_oracle",
                       speculative_algorithm: str | None = None,
                       disable_overlap_schedule: bool = False) -> SimpleNamespace:
+    """The ModelRunner attributes ``ForwardBatch.init_new`` and the canary read (no canary set)."""
     server_args = SimpleNamespace(
         attention_backend="torch_native", enable_lora=False, sampling_backend=sampling_backend,
         speculative_algorithm=speculative_algorithm,
@@ -44,6 +56,22 @@ def model_runner_stub(*, is_draft_worker: bool = False, sampling_backend: str = 
         is_hybrid_swa=False, is_draft_worker=is_draft_worker,
         model_config=SimpleNamespace(vocab_size=VOCAB_SIZE),
     )
+
+
+def with_canary(model_runner: SimpleNamespace, *,
+                config: CanaryConfig = ORACLE_ONLY) -> SimpleNamespace:
+    """``model_runner`` with a canary set on it, as ``ModelRunner.initialize``'s hook does in a
+    server (its oracle's manager built from the served vocabulary, but no sampler registered in
+    SGLang's process-wide registry); a model runner that already has one is returned as it is."""
+    if getattr(model_runner, RUNNER_ATTRIBUTE, None) is None:
+        runner = attach_canary_runner(
+            model_runner=model_runner,
+            runner=CanaryRunner(config=config, model_runner=model_runner,
+                                kernels=load_kernels(KernelBackend.TORCH_REFERENCE)),
+        )
+        if config.enable_token_oracle:
+            runner.oracle = TokenOracleManager(oracle=HashOracle(vocab_size=VOCAB_SIZE))
+    return model_runner
 
 
 def sampling_info(rows: int) -> SamplingBatchInfo:
@@ -72,9 +100,10 @@ def model_worker_batch(
 
 def forward_batch_from_init_new(batch: ModelWorkerBatch, *, model_runner: object = None,
                                 monkeypatch) -> ForwardBatch:
-    """The real ``ForwardBatch.init_new`` followed by the package's AFTER hook."""
+    """The real ``ForwardBatch.init_new`` followed by the package's AFTER adapter (the model
+    runner gets an oracle-only canary unless it has one)."""
     monkeypatch.setattr(forward_batch_info, "enable_num_token_non_padded", lambda: False)
-    runner = model_runner or model_runner_stub()
+    runner = with_canary(model_runner or model_runner_stub())
     forward_batch = ForwardBatch.init_new(batch, runner)
-    attach_request_ids_after_init_new(forward_batch, ForwardBatch, batch, runner)
+    after_init_new(forward_batch, ForwardBatch, batch, runner)
     return forward_batch

@@ -1,9 +1,9 @@
 """An independent, plain-Python-int reference of the token oracle for the tests.
 
-Written from SPEC §3/§4, not from the package: BLAKE2b-8 of the rid read as a little-endian
-signed int64; generalized id = bootstrap room if >= 0 else that hash; SplitMix64 finalizer on
-the unsigned 64-bit pattern of ``id XOR position``, modulo the vocabulary size. The sampled token
-after position ``p`` is the oracle at ``p + 1``.
+Written from the oracle's definition, not from the package: BLAKE2b-8 of the rid read as a
+little-endian signed int64; generalized id = bootstrap room if >= 0 else that hash; SplitMix64
+finalizer on the unsigned 64-bit pattern of ``id XOR position``, modulo the vocabulary size. The
+sampled token after position ``p`` is the oracle at ``p + 1``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Graph-resident request ids of the decode and EAGLE-draft graph runners (capture and replay)."""
+"""Graph-resident request ids of the decode and EAGLE-draft graph runners (capture and replay),
+through the graph-runner adapters and the model runner's canary."""
 
 import inspect
 import sys
@@ -7,16 +8,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from _batches import VOCAB_SIZE
+from _batches import VOCAB_SIZE, model_runner_stub, with_canary
 from _oracle_reference import oracle_token, rid_hash
-from sglang.srt.kv_canary.request_id_graph_buffers import (
-    GRAPH_REQUEST_ID_BUFFERS_ATTR,
-    capture_decode_graph_with_request_ids,
-    capture_draft_graph_with_request_ids,
-    fill_decode_graph_request_ids_after_replay_prepare,
-    fill_draft_graph_request_ids_before_replay,
+from sglang.srt.kv_canary.hooks.cuda_graph_runner import (
+    after_replay_prepare,
+    around_capture_one_batch_size,
 )
-from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of, set_request_ids
+from sglang.srt.kv_canary.hooks.eagle import (
+    around_draft_capture_one_batch_size,
+    before_draft_replay,
+)
+from sglang.srt.kv_canary.runner.batch_inputs import CanaryBatchInputs, attach_batch_inputs
+from sglang.srt.kv_canary.runner.canary_runner import runner_of
+from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.manager import ExpectedInputs, TokenOracleManager
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -27,8 +31,10 @@ register_cpu_ci(est_time=5, suite="kv-canary-cpu")
 MAX_BS = 8
 
 
-def _runner() -> SimpleNamespace:
-    return SimpleNamespace(max_bs=MAX_BS, model_runner=SimpleNamespace(device="cpu"))
+def _runner(**attributes: object) -> SimpleNamespace:
+    """A graph runner (the attributes the adapters read) of a model runner with the oracle."""
+    return SimpleNamespace(max_bs=MAX_BS, model_runner=with_canary(model_runner_stub()),
+                           **attributes)
 
 
 def _static_batch(bs: int, seq_lens: torch.Tensor) -> ForwardBatch:
@@ -40,10 +46,14 @@ def _static_batch(bs: int, seq_lens: torch.Tensor) -> ForwardBatch:
                         seq_lens_sum=0, positions=(seq_lens[:bs] - 1).to(torch.int64))
 
 
-def _live_batch(rids: list[str], rooms: list[int]) -> SimpleNamespace:
+def _live_batch(runner: SimpleNamespace, rids: list[str], rooms: list[int]) -> SimpleNamespace:
+    """A replayed batch carrying its ids, as ``ForwardBatch.init_new``'s adapter leaves it."""
     batch = SimpleNamespace(batch_size=len(rids))
-    set_request_ids(batch, rids_int=torch.tensor([rid_hash(r) for r in rids], dtype=torch.int64),
-                    bootstrap_room_ids_int=torch.tensor(rooms, dtype=torch.int64))
+    attach_batch_inputs(batch, CanaryBatchInputs(
+        runner=runner_of(runner.model_runner),
+        rids_int=torch.tensor([rid_hash(r) for r in rids], dtype=torch.int64),
+        bootstrap_room_ids_int=torch.tensor(rooms, dtype=torch.int64),
+    ))
     return batch
 
 
@@ -60,34 +70,34 @@ def _capture_decode(runner, bs: int, static_seq_lens: torch.Tensor) -> ForwardBa
             seen = forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return seen
 
-    return capture_decode_graph_with_request_ids(original, runner, bs, _model_forward, None)
+    return around_capture_one_batch_size(original, runner, bs, _model_forward, None)
 
 
 def test_decode_capture_batches_read_views_of_the_static_buffers() -> None:
     runner = _runner()
     seq_lens = torch.full((MAX_BS,), 1, dtype=torch.int32)
     captured = {bs: _capture_decode(runner, bs, seq_lens) for bs in (8, 4, 1)}
-    buffers = getattr(runner, GRAPH_REQUEST_ID_BUFFERS_ATTR)
-    assert buffers.rids_int.tolist() == [0] * MAX_BS
-    assert buffers.bootstrap_room_ids_int.tolist() == [-1] * MAX_BS
+    buffers, rooms_buffer = request_ids_of(captured[MAX_BS])  # the whole buffers
+    assert buffers.tolist() == [0] * MAX_BS
+    assert rooms_buffer.tolist() == [-1] * MAX_BS
     for bs, forward_batch in captured.items():
         rids_int, rooms = request_ids_of(forward_batch)
-        assert rids_int.shape == (bs,) and rids_int.data_ptr() == buffers.rids_int.data_ptr()
+        assert rids_int.shape == (bs,) and rids_int.data_ptr() == buffers.data_ptr()
         assert rooms.shape == (bs,)
-        assert rooms.data_ptr() == buffers.bootstrap_room_ids_int.data_ptr()
+        assert rooms.data_ptr() == rooms_buffer.data_ptr()
 
 
 def test_replay_fills_raw_rows_and_resets_padded_rows() -> None:
     runner = _runner()
-    _capture_decode(runner, 8, torch.ones(MAX_BS, dtype=torch.int32))
-    buffers = getattr(runner, GRAPH_REQUEST_ID_BUFFERS_ATTR)
-    big = _live_batch([f"r{i}" for i in range(7)], [-1, 3, -1, -1, 11, -1, 12])
-    fill_decode_graph_request_ids_after_replay_prepare(None, runner, big)
-    assert buffers.rids_int[:7].tolist() == [rid_hash(f"r{i}") for i in range(7)]
-    small = _live_batch(["x", "y", "z"], [5, -1, -1])  # padded to a graph of 4: rows 3.. stale?
-    fill_decode_graph_request_ids_after_replay_prepare(None, runner, small)
-    assert buffers.rids_int.tolist() == [rid_hash("x"), rid_hash("y"), rid_hash("z")] + [0] * 5
-    assert buffers.bootstrap_room_ids_int.tolist() == [5, -1, -1] + [-1] * 5
+    capture_batch = _capture_decode(runner, 8, torch.ones(MAX_BS, dtype=torch.int32))
+    buffers, rooms = request_ids_of(capture_batch)
+    big = _live_batch(runner, [f"r{i}" for i in range(7)], [-1, 3, -1, -1, 11, -1, 12])
+    after_replay_prepare(None, runner, big)
+    assert buffers[:7].tolist() == [rid_hash(f"r{i}") for i in range(7)]
+    small = _live_batch(runner, ["x", "y", "z"], [5, -1, -1])  # replayed padded: rows 3.. reset
+    after_replay_prepare(None, runner, small)
+    assert buffers.tolist() == [rid_hash("x"), rid_hash("y"), rid_hash("z")] + [0] * 5
+    assert rooms.tolist() == [5, -1, -1] + [-1] * 5
 
 
 def test_in_graph_consumer_sees_the_replayed_batch() -> None:
@@ -98,8 +108,8 @@ def test_in_graph_consumer_sees_the_replayed_batch() -> None:
     manager = TokenOracleManager(oracle=HashOracle(vocab_size=VOCAB_SIZE))
     out = ExpectedInputs.allocate(capacity=4, device="cpu")
     for rids, seq_lens in ((["a", "b", "c"], [5, 6, 7]), (["d"], [9])):
-        live = _live_batch(rids, [-1] * len(rids))
-        fill_decode_graph_request_ids_after_replay_prepare(None, runner, live)
+        live = _live_batch(runner, rids, [-1] * len(rids))
+        after_replay_prepare(None, runner, live)
         static_seq_lens.fill_(1)
         static_seq_lens[: len(seq_lens)] = torch.tensor(seq_lens, dtype=torch.int32)
         manager.fill_expected_inputs(forward_batch=capture_batch, expected_inputs_out=out)
@@ -111,12 +121,12 @@ def test_in_graph_consumer_sees_the_replayed_batch() -> None:
 def test_replay_validates_the_live_batch() -> None:
     runner = _runner()
     with pytest.raises(RuntimeError, match="captured without the request-id buffers"):
-        fill_decode_graph_request_ids_after_replay_prepare(None, runner, _live_batch(["a"], [-1]))
+        after_replay_prepare(None, runner, _live_batch(runner, ["a"], [-1]))
     _capture_decode(runner, 2, torch.ones(MAX_BS, dtype=torch.int32))
-    mismatched = _live_batch(["a", "b"], [-1, -1])
+    mismatched = _live_batch(runner, ["a", "b"], [-1, -1])
     mismatched.batch_size = 3
     with pytest.raises(ValueError, match="2 ids for a replayed batch of 3 rows"):
-        fill_decode_graph_request_ids_after_replay_prepare(None, runner, mismatched)
+        after_replay_prepare(None, runner, mismatched)
 
 
 class _DraftWorker:
@@ -126,34 +136,32 @@ class _DraftWorker:
 
 def test_draft_capture_shadows_draft_forward_only_while_capturing() -> None:
     worker = _DraftWorker()
-    runner = SimpleNamespace(max_bs=MAX_BS, model_runner=SimpleNamespace(device="cpu"),
-                             eagle_worker=worker)
+    runner = _runner(eagle_worker=worker)
 
     def original(runner, num_seqs, forward, stream_idx=0):
         forward_batch = _static_batch(num_seqs, torch.ones(MAX_BS, dtype=torch.int32))
         return runner.eagle_worker.draft_forward(forward_batch)
 
-    rids_int, rooms = capture_draft_graph_with_request_ids(original, runner, 3, None)
-    buffers = getattr(runner, GRAPH_REQUEST_ID_BUFFERS_ATTR)
-    assert rids_int.shape == (3,) and rids_int.data_ptr() == buffers.rids_int.data_ptr()
-    assert rooms.data_ptr() == buffers.bootstrap_room_ids_int.data_ptr()
+    rids_int, rooms = around_draft_capture_one_batch_size(original, runner, 3, None)
+    buffers, rooms_buffer = around_draft_capture_one_batch_size(original, runner, MAX_BS, None)
+    assert rids_int.shape == (3,) and rids_int.data_ptr() == buffers.data_ptr()
+    assert rooms.data_ptr() == rooms_buffer.data_ptr()
     assert "draft_forward" not in vars(worker)  # the class method is back
 
-    fill_draft_graph_request_ids_before_replay(runner, _live_batch(["q"], [4]))
-    assert buffers.rids_int.tolist() == [rid_hash("q")] + [0] * 7
-    assert buffers.bootstrap_room_ids_int.tolist() == [4] + [-1] * 7
+    before_draft_replay(runner, _live_batch(runner, ["q"], [4]))
+    assert buffers.tolist() == [rid_hash("q")] + [0] * 7
+    assert rooms_buffer.tolist() == [4] + [-1] * 7
 
 
 def test_draft_capture_restores_draft_forward_after_an_error() -> None:
     worker = _DraftWorker()
-    runner = SimpleNamespace(max_bs=MAX_BS, model_runner=SimpleNamespace(device="cpu"),
-                             eagle_worker=worker)
+    runner = _runner(eagle_worker=worker)
 
     def failing(runner, num_seqs, forward, stream_idx=0):
         raise RuntimeError("capture failed")
 
     with pytest.raises(RuntimeError, match="capture failed"):
-        capture_draft_graph_with_request_ids(failing, runner, 2, None)
+        around_draft_capture_one_batch_size(failing, runner, 2, None)
     assert "draft_forward" not in vars(worker)
 
 

@@ -14,11 +14,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=90, suite="kv-canary-cpu")
 
 HERE = pathlib.Path(__file__).resolve().parent
-ORACLE_MODULES = (
-    "sglang.srt.kv_canary.token_oracle.",
-    "sglang.srt.kv_canary.request_id_hooks:",
-    "sglang.srt.kv_canary.request_id_graph_buffers:",
-)
+# What the oracle alone wraps (Scheduler.__init__ is needed too, but on a CPU machine its module
+# cannot be imported, so SGLang cannot apply hooks to it there).
 ORACLE_TARGETS = {
     "sglang.srt.server_args.ServerArgs.add_cli_args",
     "sglang.srt.model_executor.model_runner.ModelRunner.initialize",
@@ -31,17 +28,28 @@ ORACLE_TARGETS = {
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.replay",
     "sglang.srt.speculative.eagle_info_v2.EagleVerifyInputV2Mixin.sample",
 }
+# Wrapped for the oracle only, never for the canary alone.
+ORACLE_ONLY_TARGETS = {
+    "sglang.srt.server_args.ServerArgs.add_cli_args",
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch._pad_inputs_to_size",
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner."
+    "capture_one_batch_size",
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.replay",
+    "sglang.srt.speculative.eagle_info_v2.EagleVerifyInputV2Mixin.sample",
+}
 
 _PROBE = """
-    import argparse, json, sys
+    import argparse, json, sys, pkgutil
     from types import SimpleNamespace
     from sglang.srt.plugins import load_plugins
     load_plugins()
-    from sglang.srt.kv_canary import hook_targets
+    from sglang.srt.kv_canary import hook_registration
+    from sglang.srt.kv_canary.hook_targets import HOOK_SPECS
     from sglang.srt.server_args import SAMPLING_BACKEND_CHOICES, ServerArgs
     applied = sorted(
-        [spec.target, spec.implementation] for spec, impl in hook_targets._registered
-        if hook_targets._wrapper_chain_contains(hook_targets._current_function(spec.target), impl)
+        [spec.target, spec.adapter] for spec in HOOK_SPECS
+        if hook_registration._wrapper_chain_contains(
+            hook_registration._current_function(spec.target), pkgutil.resolve_name(spec.adapter))
     )
     before_parser = "token_oracle" in SAMPLING_BACKEND_CHOICES
     parser = argparse.ArgumentParser()
@@ -53,11 +61,11 @@ _PROBE = """
         backend = None
     ids = None
     if sys.argv[1:] == ["--run-hooked-batch"]:
-        from _batches import FakeReq, model_runner_stub, model_worker_batch
+        from _batches import FakeReq, model_runner_stub, model_worker_batch, with_canary
         from sglang.srt.model_executor import forward_batch_info
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
         forward_batch_info.enable_num_token_non_padded = lambda: False
-        runner = model_runner_stub()
+        runner = with_canary(model_runner_stub())  # as ModelRunner.initialize's hook leaves it
         runner.attn_backend = SimpleNamespace(get_cuda_graph_seq_len_fill_value=lambda: 1)
         batch = model_worker_batch(mode=ForwardMode.DECODE,
                                    reqs=[FakeReq("a"), FakeReq("b", bootstrap_room=3)],
@@ -84,17 +92,16 @@ def _probe(*, run_hooked_batch: bool = False, **env: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _oracle_hooks(state: dict) -> set[str]:
-    """Targets wrapped by a hook implemented in one of the oracle's modules."""
-    return {target for target, implementation in state["applied"]
-            if implementation.startswith(ORACLE_MODULES)}
+def _wrapped_targets(state: dict) -> set[str]:
+    """Targets wrapped by one of the package's adapters."""
+    return {target for target, _ in state["applied"]}
 
 
 def test_enabled_oracle_hooks_wrap_their_targets_and_backend_parses() -> None:
     from _oracle_reference import rid_hash
 
     state = _probe(run_hooked_batch=True, SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE="1")
-    assert _oracle_hooks(state) == ORACLE_TARGETS
+    assert _wrapped_targets(state) == ORACLE_TARGETS
     assert state["choices_before_parser"] is False  # registered when the parser is built
     assert state["parsed_backend"] == "token_oracle"
     assert state["ids"] == {"rids": [rid_hash("a"), rid_hash("b"), 0, 0], "rooms": [-1, 3, -1, -1]}
@@ -108,7 +115,7 @@ def test_disabled_oracle_registers_no_backend() -> None:
 
 def test_canary_without_oracle_registers_no_oracle_hook() -> None:
     state = _probe(SGLANG_KV_CANARY_MODE="log")
-    assert state["applied"] and _oracle_hooks(state) == set()
+    assert state["applied"] and _wrapped_targets(state) & ORACLE_ONLY_TARGETS == set()
     assert state["parsed_backend"] is None
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _oracle_reference import oracle_token, rid_hash
-from sglang.srt.kv_canary.request_id_graph_buffers import GraphRequestIdBuffers
+from sglang.srt.kv_canary.runner.graph_buffers import GraphRequestIdBuffers
 from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_to_tensors
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.manager import (
@@ -49,6 +49,13 @@ def test_request_ids_reach_the_device() -> None:
     assert rids_int.tolist() == [rid_hash("a"), rid_hash("b")] and rooms.tolist() == [-1, 9]
 
 
+def _read_capture_views(forward_batch: ForwardBatch, buffers: GraphRequestIdBuffers) -> None:
+    """The capture batch reads the graph-resident ids (the public id attributes, which is all
+    ``fill_expected_inputs`` reads)."""
+    rids_int, rooms = buffers.capture_views(forward_batch.batch_size)
+    forward_batch.rids_int, forward_batch.bootstrap_room_ids_int = rids_int, rooms
+
+
 def _decode_capture_batch(buffers: GraphRequestIdBuffers, seq_lens: torch.Tensor,
                           bs: int) -> ForwardBatch:
     forward_batch = ForwardBatch(
@@ -57,7 +64,7 @@ def _decode_capture_batch(buffers: GraphRequestIdBuffers, seq_lens: torch.Tensor
         seq_lens=seq_lens[:bs], out_cache_loc=None, seq_lens_sum=0,
         positions=torch.zeros(bs, dtype=torch.int64, device="cuda"),
     )
-    buffers.attach_capture_views(forward_batch=forward_batch)
+    _read_capture_views(forward_batch, buffers)
     return forward_batch
 
 
@@ -83,13 +90,9 @@ def test_fill_expected_inputs_decode_replays_from_static_buffers() -> None:
     graph = _capture(lambda: MANAGER.fill_expected_inputs(forward_batch=capture_batch,
                                                           expected_inputs_out=out))
     for rids, lens in ((["p", "q", "r"], [5, 9, 2]), (["s"], [40])):
-        live = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=len(rids), input_ids=None,
-                            req_pool_indices=None, seq_lens=None, out_cache_loc=None,
-                            seq_lens_sum=0)
         rids_int, rooms = request_ids_to_tensors(rids=rids, bootstrap_rooms=[None] * len(rids),
                                                  device="cuda")
-        live.rids_int, live.bootstrap_room_ids_int = rids_int, rooms
-        buffers.fill_from(forward_batch=live)  # what the replay hooks do
+        buffers.fill(rids_int=rids_int, bootstrap_room_ids_int=rooms)  # what a replay does
         seq_lens.fill_(1)
         seq_lens[: len(lens)] = torch.tensor(lens, dtype=torch.int32, device="cuda")
         graph.replay()
@@ -112,7 +115,7 @@ def test_fill_expected_inputs_extend_and_verify_are_capturable() -> None:
         positions=torch.zeros(6, dtype=torch.int64, device="cuda"),  # 5 tokens + 1 padding
         extend_seq_lens=lens, extend_prefix_lens=prefixes,
     )
-    buffers.attach_capture_views(forward_batch=extend_batch)
+    _read_capture_views(extend_batch, buffers)
     block = 3
     verify_seq_lens = torch.tensor([7, 11], dtype=torch.int32, device="cuda")
     verify_batch = ForwardBatch(
@@ -125,7 +128,7 @@ def test_fill_expected_inputs_extend_and_verify_are_capturable() -> None:
             spec_steps=block - 1, topk=1, draft_token_num=block,
             capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=None, seq_lens_cpu=None),
     )
-    buffers.attach_capture_views(forward_batch=verify_batch)
+    _read_capture_views(verify_batch, buffers)
     extend_out = ExpectedInputs.allocate(capacity=16, device="cuda")
     verify_out = ExpectedInputs.allocate(capacity=16, device="cuda")
 

@@ -1,4 +1,5 @@
-"""The token_oracle sampler, its installation, and the EAGLE v2 verify that follows the oracle."""
+"""The token_oracle sampler, its installation by the model runner's canary, and the EAGLE v2
+verify that follows the oracle."""
 
 import logging
 import random
@@ -14,13 +15,19 @@ from _batches import (
     forward_batch_from_init_new,
     model_runner_stub,
     model_worker_batch,
+    with_canary,
 )
 from _oracle_reference import generalized_id, oracle_token
 from sglang.srt.kv_canary import config as canary_config
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig
+from sglang.srt.kv_canary.hooks.eagle import around_verify_sample
+from sglang.srt.kv_canary.hooks.forward_batch import after_pad_inputs
 from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState
+from sglang.srt.kv_canary.runner import canary_runner
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner, TokenOracleSetupError
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.token_oracle.request_ids import MissingRequestIdsError
-from sglang.srt.kv_canary.token_oracle import eagle_verify, install, sampler
+from sglang.srt.kv_canary.token_oracle import sampler
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.srt.layers import sampler as sglang_sampler
@@ -43,11 +50,10 @@ def sampler_environment(monkeypatch):
     monkeypatch.setattr(sglang_sampler, "get_global_server_args", lambda: server_args)
     monkeypatch.setattr(sglang_sampler, "get_tp_group", lambda: SimpleNamespace(device_group=None))
     monkeypatch.setattr(sglang_sampler, "is_dp_attention_enabled", lambda: False)
-    monkeypatch.setattr(sampler, "_installation", None)
-    monkeypatch.setattr(sampler, "_backend_registered", False)
     monkeypatch.setattr(sglang_sampler, "_CUSTOM_SAMPLER_FACTORIES", {})
+    # as in a fresh process (another test may have installed an oracle in this one)
     monkeypatch.setattr(sglang_server_args, "SAMPLING_BACKEND_CHOICES",
-                        set(sglang_server_args.SAMPLING_BACKEND_CHOICES))
+                        set(sglang_server_args.SAMPLING_BACKEND_CHOICES) - {"token_oracle"})
     monkeypatch.setattr(canary_config, "_active_config", None)
 
 
@@ -92,11 +98,11 @@ def test_decode_samples_position_plus_one(sampler_environment, monkeypatch) -> N
 
 
 def test_dp_padded_ids_are_cut_to_the_logits_rows(sampler_environment, monkeypatch) -> None:
+    model_runner = with_canary(model_runner_stub())
     forward_batch = forward_batch_from_init_new(
         model_worker_batch(mode=ForwardMode.DECODE, reqs=REQS[:2], seq_lens=[4, 9]),
-        monkeypatch=monkeypatch)
-    from sglang.srt.kv_canary.request_id_hooks import pad_request_ids_after_pad_inputs
-    pad_request_ids_after_pad_inputs(None, forward_batch, None, 4, 4)
+        model_runner=model_runner, monkeypatch=monkeypatch)
+    after_pad_inputs(None, forward_batch, model_runner, 4, 4)
     padding = torch.zeros(2, dtype=torch.int64)
     forward_batch.positions = torch.cat([forward_batch.positions, padding])
     tokens, _ = _sample(_oracle_sampler(), forward_batch, 2)
@@ -135,54 +141,65 @@ def test_swap_runs_at_the_sampler_exit(sampler_environment, monkeypatch) -> None
     assert _sample(oracle_sampler, forward_batch, 2)[0].tolist() == expected[::-1]
 
 
-def _activate(config: CanaryConfig) -> None:
-    canary_config.set_active_config_for_testing(config)
+def _install(config: CanaryConfig, model_runner: SimpleNamespace) -> CanaryRunner:
+    """What ``ModelRunner.initialize``'s hook does for the oracle: the runner's canary installs
+    it (the flag refusals and the hook check are a server's, not the oracle's)."""
+    runner = CanaryRunner(config=config, model_runner=model_runner,
+                          kernels=load_kernels(KernelBackend.TORCH_REFERENCE))
+    runner.install_oracle()
+    return runner
 
 
-def test_install_returns_none_when_disabled(sampler_environment) -> None:
-    _activate(CanaryConfig())
-    assert install.install_token_oracle_from_env(model_runner=model_runner_stub()) is None
-    assert sampler.installed_oracle_manager() is None
+def test_install_does_nothing_when_disabled(sampler_environment) -> None:
+    runner = _install(CanaryConfig(), model_runner_stub())
+    assert runner.oracle is None
+    assert "token_oracle" not in sglang_sampler._CUSTOM_SAMPLER_FACTORIES
 
 
 def test_install_builds_the_oracle_from_the_served_vocab(sampler_environment) -> None:
-    _activate(CanaryConfig(enable_token_oracle=True,
-                           perturb=PerturbConfig(next_token_swap_prob=1.0, warmup_steps=7)))
-    target = model_runner_stub()
-    manager = install.install_token_oracle_from_env(model_runner=target)
+    config = CanaryConfig(enable_token_oracle=True,
+                          perturb=PerturbConfig(next_token_swap_prob=1.0, warmup_steps=7))
+    target = _install(config, model_runner_stub())
+    manager = target.oracle
     assert manager.oracle == HashOracle(vocab_size=VOCAB_SIZE)
-    assert install.token_oracle_manager_of(target) is manager
-    draft = model_runner_stub(is_draft_worker=True)
-    assert install.install_token_oracle_from_env(model_runner=draft) is manager
     created = sglang_sampler.create_sampler("token_oracle")
     assert isinstance(created, sampler.OracleSampler) and created.manager is manager
     assert created.next_token_swap.probability == 1.0 and created.next_token_swap.warmup_steps == 7
 
 
+def test_a_draft_runner_keeps_its_own_oracle_and_leaves_the_sampler_alone(
+    sampler_environment,
+) -> None:
+    """Changed behaviour: an EAGLE draft model runner no longer shares its target's manager; it
+    builds its own (for its checks) from the same vocabulary, also when it initializes first, and
+    never replaces the sampler (its tokens never go through it)."""
+    config = CanaryConfig(enable_token_oracle=True)
+    draft_first = _install(config, model_runner_stub(is_draft_worker=True))
+    assert draft_first.oracle.oracle == HashOracle(vocab_size=VOCAB_SIZE)
+    assert "token_oracle" not in sglang_sampler._CUSTOM_SAMPLER_FACTORIES
+    target = _install(config, model_runner_stub())
+    draft = _install(config, model_runner_stub(is_draft_worker=True))
+    assert draft.oracle is not target.oracle and draft.oracle.oracle == target.oracle.oracle
+    assert sglang_sampler.create_sampler("token_oracle").manager is target.oracle
+
+
 def test_install_refuses_another_sampling_backend(sampler_environment) -> None:
-    _activate(CanaryConfig(enable_token_oracle=True))
-    with pytest.raises(install.TokenOracleSetupError, match="--sampling-backend token_oracle"):
-        install.install_token_oracle_from_env(
-            model_runner=model_runner_stub(sampling_backend="flashinfer"))
-
-
-def test_install_refuses_a_draft_runner_before_its_target(sampler_environment) -> None:
-    _activate(CanaryConfig(enable_token_oracle=True))
-    with pytest.raises(install.TokenOracleSetupError, match="draft model runner"):
-        install.install_token_oracle_from_env(model_runner=model_runner_stub(is_draft_worker=True))
+    with pytest.raises(TokenOracleSetupError, match="--sampling-backend token_oracle"):
+        _install(CanaryConfig(enable_token_oracle=True),
+                 model_runner_stub(sampling_backend="flashinfer"))
 
 
 def test_install_warns_about_eagle_v1(sampler_environment, caplog) -> None:
-    _activate(CanaryConfig(enable_token_oracle=True))
-    with caplog.at_level(logging.WARNING, logger=install.__name__):
-        install.install_token_oracle_from_env(model_runner=model_runner_stub(
+    with caplog.at_level(logging.WARNING, logger=canary_runner.__name__):
+        _install(CanaryConfig(enable_token_oracle=True), model_runner_stub(
             speculative_algorithm="EAGLE", disable_overlap_schedule=True))
     assert "first output token" in caplog.text
 
 
-def test_backend_factory_before_installation_fails_clearly(sampler_environment) -> None:
-    sampler.register_backend_before_cli_parsing(object())
-    with pytest.raises(RuntimeError, match="before the token oracle was installed"):
+def test_backend_choice_without_an_installed_oracle_fails_clearly(sampler_environment) -> None:
+    sampler.register_oracle_backend_choice()  # what the CLI process does
+    assert "token_oracle" in sglang_server_args.SAMPLING_BACKEND_CHOICES
+    with pytest.raises(RuntimeError, match="no model runner installed the token oracle"):
         sglang_sampler.create_sampler("token_oracle")
 
 
@@ -195,8 +212,6 @@ def _greedy_chain_sample(verify_input, batch, logits_output, vocab_mask=None):
 
 def test_eagle_verify_follows_the_oracle_and_restores_the_logits(sampler_environment,
                                                                  monkeypatch) -> None:
-    _activate(CanaryConfig(enable_token_oracle=True))
-    install.install_token_oracle_from_env(model_runner=model_runner_stub())
     seq_lens, block = [4, 10], 3
     forward_batch = forward_batch_from_init_new(  # the verify batch's ids live on sampling_info
         model_worker_batch(mode=ForwardMode.DECODE, reqs=REQS[:2], seq_lens=seq_lens),
@@ -209,18 +224,22 @@ def test_eagle_verify_follows_the_oracle_and_restores_the_logits(sampler_environ
                                    positions=torch.tensor(positions, dtype=torch.int64))
     real_logits = torch.randn(len(positions), VOCAB_SIZE)
     output = LogitsProcessorOutput(next_token_logits=real_logits)
-    predicted = eagle_verify.sample_verify_with_oracle(_greedy_chain_sample, verify_input, batch,
-                                                       output)
+    # the adapter finds the model runner's canary through the batch's carrier
+    predicted = around_verify_sample(_greedy_chain_sample, verify_input, batch, output)
     reqs = [REQS[0]] * block + [REQS[1]] * block
     assert predicted.tolist() == _expected(reqs, [p + 1 for p in positions])
     assert output.next_token_logits is real_logits
 
 
-def test_eagle_verify_is_untouched_without_the_oracle(sampler_environment) -> None:
+def test_eagle_verify_of_an_idle_batch_is_untouched(sampler_environment, monkeypatch) -> None:
+    """An IDLE verify batch (DP attention) has no rows: the original sample runs as it is."""
+    forward_batch = forward_batch_from_init_new(
+        model_worker_batch(mode=ForwardMode.IDLE, reqs=[], seq_lens=[]), monkeypatch=monkeypatch)
     output = LogitsProcessorOutput(next_token_logits=torch.randn(3, VOCAB_SIZE))
-    batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.tensor([4]))
-    predicted = eagle_verify.sample_verify_with_oracle(
-        _greedy_chain_sample, SimpleNamespace(draft_token_num=3), batch, output)
+    batch = SimpleNamespace(forward_mode=ForwardMode.IDLE, seq_lens=torch.tensor([4]),
+                            sampling_info=forward_batch.sampling_info)
+    predicted = around_verify_sample(
+        _greedy_chain_sample, SimpleNamespace(draft_token_num=3, positions=None), batch, output)
     assert predicted.tolist() == torch.argmax(output.next_token_logits, dim=-1).tolist()
 
 

@@ -1,18 +1,24 @@
-"""Per-request ids: BLAKE2b hashing, rooms, generalized-id selection, the ForwardBatch hooks."""
+"""Per-request ids: BLAKE2b hashing, rooms (an invalid client room falls back to "no room"),
+generalized-id selection, the ForwardBatch adapters."""
 
 import hashlib
+import logging
 import sys
 
 import pytest
 import torch
 
-from _batches import FakeReq, forward_batch_from_init_new, model_runner_stub, model_worker_batch
-from _oracle_reference import generalized_id, rid_hash
-from sglang.srt.kv_canary.perturb.next_token_swap import SAMPLED_ROWS_ATTR
-from sglang.srt.kv_canary.request_id_hooks import (
-    attach_request_ids_after_init_new,
-    pad_request_ids_after_pad_inputs,
+from _batches import (
+    FakeReq,
+    forward_batch_from_init_new,
+    model_runner_stub,
+    model_worker_batch,
+    with_canary,
 )
+from _oracle_reference import generalized_id, rid_hash
+from sglang.srt.kv_canary.hooks.forward_batch import after_init_new, after_pad_inputs
+from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
+from sglang.srt.kv_canary.token_oracle import request_ids
 from sglang.srt.kv_canary.token_oracle.request_ids import (
     MissingRequestIdsError,
     bootstrap_rooms_to_tensor,
@@ -70,11 +76,30 @@ def test_bootstrap_rooms_to_tensor_maps_none_to_minus_one() -> None:
     assert tensor.tolist() == [-1, 0, 7, (1 << 63) - 1, -1]
 
 
-@pytest.mark.parametrize("room,error", [(-2, ValueError), (1 << 63, ValueError),
-                                        ("5", TypeError), (True, TypeError)])
-def test_bootstrap_rooms_rejects_bad_rooms(room: object, error: type) -> None:
-    with pytest.raises(error, match="bootstrap_room"):
+INVALID_ROOMS = [-2, 1 << 63, "5", True, 2.0, [3]]
+
+
+@pytest.fixture
+def fresh_room_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each invalid room is warned about once per process: start from none warned."""
+    monkeypatch.setattr(request_ids, "_WARNED_ROOMS", set())
+
+
+@pytest.mark.parametrize("room", INVALID_ROOMS, ids=repr)
+def test_an_invalid_room_falls_back_to_no_room_with_a_warning(
+    room: object, fresh_room_warnings: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client chooses its room; an invalid one must not take the scheduler down (changed
+    behaviour: it used to raise)."""
+    with caplog.at_level(logging.WARNING, logger=request_ids.__name__):
+        tensor = bootstrap_rooms_to_tensor(bootstrap_rooms=[room, 4], device="cpu")
         bootstrap_rooms_to_tensor(bootstrap_rooms=[room], device="cpu")
+    assert tensor.tolist() == [-1, 4]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"KV canary request ids: bootstrap_room={room!r} is not a valid room (an integer in "
+        "[0, 2**63 - 1]); the request is identified by its rid instead"
+    ]  # once per room, not once per forward
 
 
 def test_request_ids_to_tensors_one_copy_two_rows() -> None:
@@ -93,6 +118,15 @@ def test_select_generalized_req_ids_prefers_non_negative_rooms() -> None:
     assert selected.tolist() == [rid_hash("a"), 0, 123, -9]
     assert selected.tolist() == [generalized_id("a"), generalized_id("b", 0),
                                  generalized_id("c", 123), -9]
+
+
+def test_select_generalized_req_ids_without_rooms_is_the_vanilla_ids() -> None:
+    vanilla = torch.tensor([rid_hash("a"), -9], dtype=torch.int64)
+    selected = select_generalized_req_ids(vanilla_req_ids=vanilla, bootstrap_room_ids_int=None)
+    assert selected is vanilla
+    with pytest.raises(TypeError, match="int64"):
+        select_generalized_req_ids(vanilla_req_ids=vanilla.to(torch.int32),
+                                   bootstrap_room_ids_int=None)
 
 
 def test_select_generalized_req_ids_validates() -> None:
@@ -122,43 +156,82 @@ def test_init_new_hook_sets_ids_on_batch_and_sampling_info(mode: ForwardMode, mo
     info_rids, info_rooms = request_ids_of(forward_batch.sampling_info)
     assert info_rids is rids_int and info_rooms is rooms
     assert generalized_req_ids_of(forward_batch).tolist() == [rid_hash("r0"), 42, rid_hash("r2")]
-    sampled_rows = getattr(forward_batch.sampling_info, SAMPLED_ROWS_ATTR)
+    inputs = batch_inputs_of(forward_batch)
+    assert batch_inputs_of(forward_batch.sampling_info) is inputs  # one carrier on both
+    assert inputs.rids_int is rids_int and inputs.bootstrap_room_ids_int is rooms
+    sampled_rows = inputs.sampled_rows
     assert list(sampled_rows.rids) == ["r0", "r1", "r2"]
     assert sampled_rows.next_positions.tolist() == [4, 6, 2]
 
 
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE])
+def test_invalid_client_rooms_through_init_new_fall_back_to_the_rid(
+    mode: ForwardMode, monkeypatch: pytest.MonkeyPatch, fresh_room_warnings: None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The real ``ForwardBatch.init_new`` and the model runner's canary on a batch whose clients
+    sent invalid rooms: no exception (the scheduler keeps serving), -1 rooms, the hashed rid as
+    the generalized id, and a warning naming each room."""
+    reqs = [FakeReq("neg", bootstrap_room=-5), FakeReq("big", bootstrap_room=1 << 63),
+            FakeReq("str", bootstrap_room="7"), FakeReq("ok", bootstrap_room=11)]
+    prefixes = [0, 2, 1, 3] if mode == ForwardMode.EXTEND else None
+    batch = model_worker_batch(mode=mode, reqs=reqs, seq_lens=[4, 6, 2, 5],
+                               extend_prefix_lens=prefixes)
+    with caplog.at_level(logging.WARNING, logger=request_ids.__name__):
+        forward_batch = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
+    rids_int, rooms = request_ids_of(forward_batch)
+    assert rooms.tolist() == [-1, -1, -1, 11]
+    assert generalized_req_ids_of(forward_batch).tolist() == [
+        rid_hash("neg"), rid_hash("big"), rid_hash("str"), 11
+    ]
+    assert generalized_req_ids_of(forward_batch.sampling_info).tolist() == (
+        generalized_req_ids_of(forward_batch).tolist()
+    )
+    warned = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    for room in ("-5", str(1 << 63), "'7'"):
+        assert f"bootstrap_room={room} is not a valid room" in warned
+    assert "bootstrap_room=11" not in warned
+
+
 def test_init_new_hook_rejects_row_count_mismatch(monkeypatch) -> None:
+    model_runner = with_canary(model_runner_stub())
     batch = model_worker_batch(mode=ForwardMode.DECODE, reqs=[FakeReq("a"), FakeReq("b")],
                                seq_lens=[3, 3])
-    forward_batch = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
+    forward_batch = forward_batch_from_init_new(batch, model_runner=model_runner,
+                                                monkeypatch=monkeypatch)
     batch.reqs = batch.reqs[:1]
     with pytest.raises(ValueError, match="2 rows but 1 requests"):
-        attach_request_ids_after_init_new(forward_batch, ForwardBatch, batch, model_runner_stub())
+        after_init_new(forward_batch, ForwardBatch, batch, model_runner)
 
 
 def test_padding_hook_pads_rids_with_zero_and_rooms_with_minus_one(monkeypatch) -> None:
+    model_runner = with_canary(model_runner_stub())
     batch = model_worker_batch(mode=ForwardMode.DECODE,
                                reqs=[FakeReq("a", bootstrap_room=9), FakeReq("b")], seq_lens=[3, 5])
-    forward_batch = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
-    pad_request_ids_after_pad_inputs(None, forward_batch, model_runner_stub(), 5, 5)
+    forward_batch = forward_batch_from_init_new(batch, model_runner=model_runner,
+                                                monkeypatch=monkeypatch)
+    after_pad_inputs(None, forward_batch, model_runner, 5, 5)
     rids_int, rooms = request_ids_of(forward_batch)
     assert rids_int.tolist() == [rid_hash("a"), rid_hash("b"), 0, 0, 0]
     assert rooms.tolist() == [9, -1, -1, -1, -1]
     info_rids, info_rooms = request_ids_of(forward_batch.sampling_info)
     assert info_rids is rids_int and info_rooms is rooms
-    pad_request_ids_after_pad_inputs(None, forward_batch, model_runner_stub(), 5, 5)  # no-op
+    assert batch_inputs_of(forward_batch.sampling_info) is batch_inputs_of(forward_batch)
+    after_pad_inputs(None, forward_batch, model_runner, 5, 5)  # no-op
     assert request_ids_of(forward_batch)[0] is rids_int
     with pytest.raises(ValueError, match="cannot pad 5 id rows down to 4"):
-        pad_request_ids_after_pad_inputs(None, forward_batch, model_runner_stub(), 4, 4)
+        after_pad_inputs(None, forward_batch, model_runner, 4, 4)
 
 
 def test_padding_hook_leaves_batches_without_ids_alone(monkeypatch) -> None:
+    model_runner = with_canary(model_runner_stub())
     batch = model_worker_batch(mode=ForwardMode.DECODE, reqs=[FakeReq("a")], seq_lens=[3])
-    parent = forward_batch_from_init_new(batch, monkeypatch=monkeypatch)
+    parent = forward_batch_from_init_new(batch, model_runner=model_runner,
+                                         monkeypatch=monkeypatch)
     child = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=1, input_ids=None,
                          req_pool_indices=None, seq_lens=None, out_cache_loc=None, seq_lens_sum=0,
                          sampling_info=parent.sampling_info)
-    pad_request_ids_after_pad_inputs(None, child, model_runner_stub(), 4, 4)
+    after_pad_inputs(None, child, model_runner, 4, 4)
     assert request_ids_of(parent.sampling_info)[0].shape == (1,)
 
 

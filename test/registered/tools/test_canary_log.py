@@ -77,7 +77,7 @@ def test_only_word_mentions_outside_loader_bookkeeping_are_notices() -> None:
 def test_the_lines_the_runtime_writes_are_recognized() -> None:
     """Start-up, stats, health and violation lines as the canary's own modules format them."""
     from sglang.jit_kernel.kv_canary import consts
-    from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
+    from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX, HealthChecker
     from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
     from sglang.srt.kv_canary.monitor.stats import stats_line
     from sglang.srt.kv_canary.monitor.violations import ViolationRow
@@ -90,11 +90,14 @@ def test_the_lines_the_runtime_writes_are_recognized() -> None:
     counters[consts.COUNTER_VIOLATIONS] = 1
     counters[consts.COUNTER_ENTRIES + consts.CheckKind.PRE_VERIFY] = 300
     counters[consts.COUNTER_ENTRIES + consts.CheckKind.POST_VERIFY] = 200
-    snapshot = CounterSnapshot(steps=40, live_forwards=40, counters=tuple(counters))
+    for kind in (consts.CheckKind.PRE_VERIFY, consts.CheckKind.POST_VERIFY,
+                 consts.CheckKind.WRITE):
+        counters[consts.COUNTER_KERNEL_RUNS + kind] = 40
+    snapshot = CounterSnapshot(steps=40, launches=40, counters=tuple(counters))
     startup = CanaryConfig(mode=CanaryMode.LOG).describe()
+    health = HealthChecker(every_n_steps=40).check(steps=40, latest=snapshot)
     log = "".join(f"[2026-01-01 10:00:0{i} TP0] {line}\n" for i, line in enumerate(
-        (startup, stats_line(snapshot), ViolationRow.from_ring_row(row).to_line(),
-         f"{HEALTH_OK_PREFIX} steps 0..40 (40 live forwards)")))
+        (startup, stats_line(snapshot), ViolationRow.from_ring_row(row).to_line(), health)))
     summary = parse_canary_log(log)
     assert [line.message for line in summary.startup] == [startup]
     assert summary.latest_stats is not None

@@ -33,7 +33,7 @@ ROOM_PAD_VALUE = -1  # bootstrap_room_ids_int of a padded row (and of a request 
 _INT64_MAX = (1 << 63) - 1
 _ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
 _MAX_WARNED_ROOMS = 64  # bounded: a client must not make the log or this set grow without end
-_WARNED_ROOMS: set[object] = set()
+_WARNED_ROOMS: set[str] = set()  # repr of each invalid room warned about
 logger = logging.getLogger(__name__)
 
 
@@ -65,11 +65,13 @@ def room_to_i64(bootstrap_room: object) -> int:
     it falls back to "no room": the row's generalized id is its hashed rid. (Only a PD pair
     needs rooms, and there SGLang's own bootstrap rejects invalid ones first.)
     """
-    if bootstrap_room is None or isinstance(bootstrap_room, bool):
+    if bootstrap_room is None:
         return ROOM_PAD_VALUE
-    if not isinstance(bootstrap_room, int) or not 0 <= bootstrap_room <= _INT64_MAX:
-        if bootstrap_room not in _WARNED_ROOMS and len(_WARNED_ROOMS) < _MAX_WARNED_ROOMS:
-            _WARNED_ROOMS.add(bootstrap_room)
+    valid = isinstance(bootstrap_room, int) and not isinstance(bootstrap_room, bool)
+    if not valid or not 0 <= bootstrap_room <= _INT64_MAX:
+        key = repr(bootstrap_room)  # a client's room may be unhashable (a list from JSON)
+        if key not in _WARNED_ROOMS and len(_WARNED_ROOMS) < _MAX_WARNED_ROOMS:
+            _WARNED_ROOMS.add(key)
             logger.warning(
                 f"KV canary request ids: bootstrap_room={bootstrap_room!r} is not a valid room "
                 "(an integer in [0, 2**63 - 1]); the request is identified by its rid instead"
@@ -98,10 +100,8 @@ def hash_rids_to_tensor(*, rids: Sequence[str], device: torch.device | str) -> t
 def bootstrap_rooms_to_tensor(
     *, bootstrap_rooms: Sequence[int | None], device: torch.device | str
 ) -> torch.Tensor:
-    """``bootstrap_room_ids_int``: int64 ``[len(bootstrap_rooms)]``; None becomes -1.
-
-    Raises:
-    """
+    """``bootstrap_room_ids_int``: int64 ``[len(bootstrap_rooms)]``; None and invalid rooms
+    become -1 (see :func:`room_to_i64`)."""
     return _host_rows_to_device([[room_to_i64(room) for room in bootstrap_rooms]], device)[0]
 
 
@@ -180,10 +180,3 @@ def generalized_req_ids_of(holder: object) -> torch.Tensor:
     rids_int, rooms = request_ids_of(holder)
     return select_generalized_req_ids(vanilla_req_ids=rids_int, bootstrap_room_ids_int=rooms)
 
-
-def set_request_ids(
-    holder: object, *, rids_int: torch.Tensor, bootstrap_room_ids_int: torch.Tensor
-) -> None:
-    """Attach the two id tensors to ``holder`` (a ``ForwardBatch`` or ``SamplingBatchInfo``)."""
-    setattr(holder, RIDS_INT_ATTR, rids_int)
-    setattr(holder, BOOTSTRAP_ROOM_IDS_INT_ATTR, bootstrap_room_ids_int)
