@@ -29,18 +29,21 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"KV canary self-check: {kernels.backend.value} kernels on cpu, SGLang ReqToTokenPool + "
         "MHATokenToKVPool, mixed workload (prefill at page boundaries +-1, chunked + mixed "
-        "prefill, decode, shared prefixes A->B->A, padded rows, eviction)"
+        "prefill, decode, shared prefixes A->B->A, parallel sampling, padded rows, eviction); "
+        "runtime perturbations and persistent scheduler/engine bugs"
     )
-    print(f"{'page':>4}  {'scenario':<40} {'forwards':>8} {'faults':>6}  result")
+    scenarios = default_scenarios()
+    width = max(len(scenario.name) for scenario in scenarios)
+    print(f"{'page':>4}  {'scenario':<{width}} {'forwards':>8} {'faults':>6}  result")
     failures = 0
     for page_size in args.page_sizes:
-        for scenario in default_scenarios():
+        for scenario in scenarios:
             outcome = run_scenario(scenario, page_size=page_size, kernels=kernels)
             failures += not outcome.passed
             verdict = "PASS" if outcome.passed else "FAIL"
             faults = str(outcome.faults) if outcome.faults else "-"
             print(
-                f"{page_size:>4}  {scenario.name:<40} {outcome.forwards:>8} {faults:>6}  "
+                f"{page_size:>4}  {scenario.name:<{width}} {outcome.forwards:>8} {faults:>6}  "
                 f"{verdict}  {outcome.detail}"
             )
     print(

@@ -1,12 +1,18 @@
-"""The self-check's scenarios: clean runs, each perturbation, raise mode, a stopped canary path.
+"""The self-check's scenarios: clean runs, each perturbation, raise mode, a stopped canary path,
+and each persistent scheduler/engine bug of :mod:`.bugs`.
 
 Every scenario installs the canary exactly as the server does (a
 :class:`~..runner.canary_runner.CanaryRunner` on the runner, the ``ModelRunner.forward`` and
 ``ForwardBatch.init_new`` adapters the hook table selects for the configuration, the monitor,
 the fault injector; with the token oracle, the oracle's manager and its sampler's tokens) on a
-fresh :class:`~.simulation.SimulatedServer`, runs the mixed workload, and judges what the canary
-logged: the same ``kv_canary violation:`` / ``kv_canary perturb:`` / stats / health lines a
-server writes.
+fresh :class:`~.simulation.SimulatedServer` (running the scenario's bug, if any), runs the mixed
+workload, and judges what the canary logged: the same ``kv_canary violation:`` / ``kv_canary
+perturb:`` / stats / health lines a server writes.
+
+A fault is caught by a violation row of its position carrying a reason the scenario must detect
+it with, from a check the scenario names, in the window of steps it allows; a bug's fault line
+also names the request row(s) the row must be attributed to. Every row of the run must carry
+only reasons (and come from checks) the scenario allows.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import pkgutil
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
@@ -25,6 +32,20 @@ from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner, attach_canary_runner
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels
 from sglang.srt.kv_canary.runner.model_forward import uninstall_model_forward
+from sglang.srt.kv_canary.selfcheck.bugs import (
+    ForeignCachedPrefix,
+    KvBitFlip,
+    KvBitFlipK,
+    LastForwardOverwrite,
+    PrefixRoundedUp,
+    PrefixSlotZero,
+    SeededBug,
+    SeqLensDrift,
+    SiblingMixedPointer,
+    SiblingSharedSlot,
+    StaleSlotReuse,
+    WriteSlotZero,
+)
 from sglang.srt.kv_canary.selfcheck.sampling import ForeignTokenFault, OracleSampler
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
@@ -44,6 +65,9 @@ from sglang.srt.kv_canary.monitor.violations import (
 
 _VERIFY_CHECKS = frozenset({CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY})
 _ALL_CHECKS = _VERIFY_CHECKS | {CheckKind.WRITE}
+_PRE = frozenset({CheckKind.PRE_VERIFY})
+_POST = frozenset({CheckKind.POST_VERIFY})
+_WRITE = frozenset({CheckKind.WRITE})
 _STOP_AT_STEP = 10  # the "canary path stopped" scenario removes the wrapper after this step
 _WARMUP_STEPS = 6
 _SEED = 1234
@@ -66,6 +90,11 @@ class Scenario:
     may_report: int = 0  # silent scenarios: reason bits later rows may still carry
     stop_canary: bool = False  # remove the model wrapper mid-run: the health check must fire
     foreign_token_prob: float = 0.0  # the sampler feeds a request another request's token
+    # A persistent bug the server runs with: built with (warmup_steps=, seed=). Its faults are
+    # logged at the forward where the victim reads the corruption first, so they must be caught
+    # from that step on (not one step earlier).
+    bug: Callable[..., SeededBug] | None = None
+    detecting_checks: frozenset[CheckKind] | None = None  # checks a catching row comes from
 
 
 @dataclass(slots=True, kw_only=True)
@@ -141,6 +170,7 @@ def default_scenarios() -> list[Scenario]:
         ),
         Scenario(name="canary path stopped mid-run", config=partial, stop_canary=True),
         *_token_check_scenarios(partial),
+        *bug_scenarios(),
     ]
 
 
@@ -180,6 +210,82 @@ def _token_check_scenarios(partial: CanaryConfig) -> list[Scenario]:
             max_detection_delay=None,
         ),
     ]
+
+
+def bug_scenarios() -> list[Scenario]:
+    """One scenario per persistent bug of :mod:`.bugs`, and the clean run they are measured
+    against. The consistent-but-foreign histories run with the token checks and real data off
+    (only the ownership check can catch them) and must bring nothing but ``verify_owner``; the
+    K/V bit flips run with each real-data mode (``none``: the negative control)."""
+    none = _base_config(real_data=RealDataMode.NONE)
+    owner = int(Reason.VERIFY_OWNER)
+    unmapped = int(Reason.VERIFY_UNMAPPED)
+    real_kv = int(Reason.VERIFY_REAL_KV)
+    foreign_histories = [
+        ("stale slots reused", StaleSlotReuse, _PRE),
+        ("foreign cached prefix", ForeignCachedPrefix, _PRE),
+        ("prefix match rounded up a page", PrefixRoundedUp, _PRE),
+        ("siblings mixed at P-1", SiblingMixedPointer, _PRE),
+        ("siblings given one new slot", SiblingSharedSlot, _POST),
+        ("seq_lens drift -1", SeqLensDrift, _PRE),
+    ]
+    scenarios = [Scenario(name="clean run, real_data=none", config=none)]
+    scenarios += [
+        Scenario(
+            name=f"bug: {label}", config=none, bug=bug, must_detect=owner,
+            allowed_reasons=owner, detecting_checks=checks,
+        )
+        for label, bug, checks in foreign_histories
+    ]
+    scenarios += [
+        Scenario(
+            name="bug: slot 0 in a prefix",
+            config=_base_config(real_data=RealDataMode.PARTIAL),
+            bug=PrefixSlotZero,
+            must_detect=unmapped,
+            allowed_reasons=unmapped,
+            detecting_checks=_PRE,
+        ),
+        Scenario(
+            name="bug: new token written to slot 0",
+            config=_base_config(real_data=RealDataMode.PARTIAL),
+            bug=WriteSlotZero,
+            must_detect=int(Reason.WRITE_UNMAPPED),
+            # the slot-0 position is unmapped from then on, and the next seed is slot 0's
+            allowed_reasons=int(Reason.WRITE_UNMAPPED) | unmapped | owner,
+            allowed_checks=_ALL_CHECKS,
+            detecting_checks=_WRITE,
+        ),
+        Scenario(
+            name="bug: prefix overwritten in last forward",
+            config=none,
+            bug=LastForwardOverwrite,
+            must_detect=int(Reason.VERIFY_OVERWRITTEN),
+            # the overwritten record holds another position and chain; the next position's
+            # chain no longer follows it
+            allowed_reasons=int(
+                Reason.VERIFY_OVERWRITTEN | Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN
+            ),
+            detecting_checks=_POST,
+        ),
+    ]
+    for label, bug in (("V", KvBitFlip), ("K", KvBitFlipK)):
+        for real_data in (RealDataMode.ALL, RealDataMode.PARTIAL):
+            scenarios.append(Scenario(
+                name=f"bug: last-layer {label} bit flip, real_data={real_data.value}",
+                config=_base_config(real_data=real_data),
+                bug=bug,
+                must_detect=real_kv,
+                allowed_reasons=real_kv,
+                detecting_checks=_POST,
+            ))
+        scenarios.append(Scenario(
+            name=f"bug: last-layer {label} bit flip, real_data=none",
+            config=none,
+            bug=bug,
+            expect_silent_faults=True,
+        ))
+    return scenarios
 
 
 def init_new_hooks(config: CanaryConfig) -> list[InitNewHook]:
@@ -261,6 +367,9 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
         forward=forward,
         init_new_hooks=init_new_hooks(scenario.config),
         sampler=_sampler(scenario),
+        bug=None if scenario.bug is None else scenario.bug(
+            warmup_steps=_WARMUP_STEPS, seed=_SEED
+        ),
     )
     error: Exception | None = None
     with _LogCapture() as capture:
@@ -322,7 +431,10 @@ def _judge_run(
     ]
     if stray:
         return False, f"unexpected violation: {stray[0].to_line()}"
-    missed = [fault for fault in faults if not _caught(scenario, fault, rows)]
+    missed = [
+        fault for fault in faults
+        if not fault_caught(scenario=scenario, fault=fault, rows=rows)
+    ]
     if missed:
         return False, f"missed {len(missed)}/{len(faults)} faults, first: {missed[0].group(0)}"
     unseen = scenario.must_also_report & ~_union(rows)
@@ -334,20 +446,38 @@ def _judge_run(
     return True, f"caught {len(faults)}/{len(faults)} ({how}) by {reasons} at {checks}"
 
 
-def _caught(scenario: Scenario, fault: re.Match[str], rows: list[ViolationRow]) -> bool:
+def fault_caught(
+    *, scenario: Scenario, fault: re.Match[str], rows: list[ViolationRow]
+) -> bool:
     """A row of the fault's position, with a reason it must be detected with, from the fault's
-    step to ``max_detection_delay`` steps later. (Log mode does not print a row again while the
-    same corruption is still present one step later: a fault repeated at the same position in
-    consecutive steps is caught by the first step's row.)"""
+    step to ``max_detection_delay`` steps later (a runtime perturbation: from one step earlier;
+    log mode does not print a row again while the same corruption is still present one step
+    later, so a fault repeated at the same position in consecutive steps is caught by the first
+    step's row); from a check in ``detecting_checks`` when given; and, when the fault line names
+    ``req_pool_idx`` (comma-separated), attributed to one of those request rows."""
     step, position = int(fault["step"]), int(fault["position"])
     delay = scenario.max_detection_delay
+    first = step if scenario.bug is not None else step - 1
+    details = fault_details(fault=fault)
+    pool_rows = (
+        {int(index) for index in details["req_pool_idx"].split(",")}
+        if "req_pool_idx" in details
+        else None
+    )
     return any(
         row.position == position
         and row.reasons & scenario.must_detect
-        and step - 1 <= row.step
+        and first <= row.step
         and (delay is None or row.step <= step + delay)
+        and (scenario.detecting_checks is None or row.check in scenario.detecting_checks)
+        and (pool_rows is None or row.req_pool_idx in pool_rows)
         for row in rows
     )
+
+
+def fault_details(*, fault: re.Match[str]) -> dict[str, str]:
+    """The ``key=value`` pairs after ``position`` in a ``kv_canary perturb:`` line."""
+    return dict(pair.split("=", 1) for pair in fault["detail"].split())
 
 
 def _judge_silent(

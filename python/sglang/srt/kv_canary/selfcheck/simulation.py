@@ -12,10 +12,20 @@ calls them), then through the forward callable the caller passes in (the canary'
 replayed CUDA graph pads its static batch: inside ``ModelRunner.forward``, after the canary's
 host-side work saw the live batch. The model is :class:`TinyModel`, which stores each token's
 K/V like attention does; the next tokens come from a :class:`Sampler`.
+
+A :class:`ServerBug` (the self-check's persistent scheduler and engine bugs live in
+:mod:`.bugs`) is consulted at five points: admission (the prefix match, then the request's
+pages), before a decode step (``req_to_token`` of the batch's requests), when a decode step's
+positions and slots are planned, and in the model's K/V store. A bug changes what the server
+maps or writes, never undoes it, and reports each fault with :meth:`SimulatedServer.report_fault`.
+Page references stay sound whatever a bug does: a request holds a reference on every page its
+``req_to_token`` row points into (``pages`` and ``extra_pages``), so no page is reallocated
+under a reader and a fault's effects stay those of the bug itself.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -24,6 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
+from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_PREFIX
 from sglang.srt.kv_canary.runner.batch_inputs import attach_batch_inputs, batch_inputs_of
 from sglang.srt.kv_canary.token_oracle.request_ids import RID_PAD_VALUE, ROOM_PAD_VALUE
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -33,6 +44,8 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
     compute_position_torch,
 )
+
+logger = logging.getLogger(__name__)
 
 VOCAB_SIZE = 1000
 # Attribute of a live DECODE batch: rows a replayed CUDA graph would pad it with.
@@ -44,7 +57,12 @@ _LAYER_NUM = 2
 
 class TinyModel(torch.nn.Module):
     """Stands in for the LLM: stores every token's K/V, a function of (token, position), into
-    each layer at ``out_cache_loc`` (padded tokens go to slot 0, as in SGLang)."""
+    each layer at ``out_cache_loc`` (padded tokens go to slot 0, as in SGLang), then calls
+    ``after_store`` (the server's K/V-store bug point) when it is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after_store: Callable[[], None] | None = None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
@@ -56,6 +74,8 @@ class TinyModel(torch.nn.Module):
         for layer in range(pool.layer_num):
             pool.k_buffer[layer][forward_batch.out_cache_loc] = values
             pool.v_buffer[layer][forward_batch.out_cache_loc] = -values
+        if self.after_store is not None:
+            self.after_store()
         return values.sum()
 
 
@@ -157,6 +177,11 @@ class SimulatedRequest:
     req_pool_idx: int | None = None
     kv_len: int = 0  # tokens whose K/V is cached: the prefix length of the next forward
     pages: list[int] = field(default_factory=list)  # first slot of each page, by position
+    # Pages the request holds a reference on besides ``pages`` (a bug mapped them into its
+    # req_to_token row); released when it finishes.
+    extra_pages: list[int] = field(default_factory=list)
+    cacheable: bool = True  # False: a bug made its KV or mapping differ from its tokens
+    group: str | None = None  # parallel sampling (n > 1): the requests of one prompt
     retraction_count: int = 0  # as SGLang's Req (read by the token-history snapshot)
     bootstrap_room: int | None = None  # as SGLang's Req (read by the request-id hook)
 
@@ -212,6 +237,63 @@ class SimulatedWorkerBatch:
     seq_lens_cpu: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixMatch:
+    """What the prefix cache returns for a prompt: ``pages`` are shared as the request's first
+    pages; ``key`` is the matched entry's tokens (None: no match) and ``common`` how many
+    leading prompt tokens equal the entry's."""
+
+    pages: list[int]
+    key: tuple[int, ...] | None = None
+    common: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class DecodeSlot:
+    """One row of a decode step as planned: the token ``request.tokens[-1]`` gets ``position``
+    (its seq_len is ``position + 1``) and its K/V goes to ``slot``, which is also written to
+    ``req_to_token[request.req_pool_idx, position]``. A correct scheduler plans ``position =
+    kv_len`` and the slot it allocated for it."""
+
+    request: SimulatedRequest
+    position: int
+    slot: int
+
+
+class ServerBug:
+    """A persistent scheduler or engine bug, consulted by :class:`SimulatedServer` at defined
+    points; this base class is the correct server (every hook leaves things as they are).
+
+    Contract of the hooks: they run on the host, may change the server's mappings, pages,
+    plans and K/V bytes (never undone), call :meth:`SimulatedServer.report_fault` once per
+    fault, and keep page references sound (see the module docstring).
+    """
+
+    name = "none"
+
+    def match_prefix(
+        self, *, server: SimulatedServer, request: SimulatedRequest, match: PrefixMatch
+    ) -> PrefixMatch:
+        """Admission: the prefix match ``request`` gets (``match`` is the correct one)."""
+        return match
+
+    def after_admit(self, *, server: SimulatedServer, request: SimulatedRequest) -> None:
+        """Admission: ``request`` has its row and shared pages (``request.pages``); pages
+        appended to ``request.pages`` here hold its next positions."""
+
+    def before_decode(
+        self, *, server: SimulatedServer, requests: Sequence[SimulatedRequest]
+    ) -> None:
+        """Before a decode step's slots are allocated (``req_to_token`` holds the prefixes)."""
+
+    def plan_decode(self, *, server: SimulatedServer, rows: list[DecodeSlot]) -> None:
+        """A decode step's positions and slots, as allocated; may change them in place."""
+
+    def after_kv_store(self, *, server: SimulatedServer) -> None:
+        """Inside the model forward, after it stored this forward's K/V (``server.batch`` is
+        the forward's requests; their ``kv_len`` is still the forward's prefix length)."""
+
+
 # AFTER hook of ForwardBatch.init_new: hook(forward_batch, ForwardBatch, worker_batch, runner).
 InitNewHook = Callable[[ForwardBatch, type, SimulatedWorkerBatch, SimulatedModelRunner], Any]
 
@@ -229,6 +311,7 @@ class SimulatedServer:
         forward: Callable[[ForwardBatch], Any],
         init_new_hooks: Sequence[InitNewHook] = (),
         sampler: Sampler | None = None,
+        bug: ServerBug | None = None,
     ) -> None:
         self.page_size = page_size
         self.req_to_token_pool = ReqToTokenPool(
@@ -266,10 +349,15 @@ class SimulatedServer:
         self.forward = forward
         self.init_new_hooks = tuple(init_new_hooks)
         self.sampler = sampler or DeterministicSampler()
+        self.bug = bug or ServerBug()
+        self.runner.model.after_store = lambda: self.bug.after_kv_store(server=self)
         self.forwards = 0
         self.evictions = 0
+        self.live_requests: list[SimulatedRequest] = []  # admitted, not finished
+        self.batch: list[SimulatedRequest] | None = None  # the forward being built or run
         self._page_refs: dict[int, int] = {}
         self._prefix_cache: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
+        self._pending_faults: list[tuple[SimulatedRequest, str]] = []
 
     # ------------------------------------------------------------------ requests and pages
 
@@ -277,11 +365,15 @@ class SimulatedServer:
         """Give the request a request row and share the longest cached page-aligned prefix."""
         if self.req_to_token_pool.alloc([request]) is None:
             raise RuntimeError("simulation: no free request row")
-        shared_pages = self._match_prefix(request.prompt)
-        for page in shared_pages:
+        self.live_requests.append(request)
+        match = self.bug.match_prefix(
+            server=self, request=request, match=self._match_prefix(request.prompt)
+        )
+        for page in match.pages:
             self._page_refs[page] += 1
-        request.pages = list(shared_pages)
-        request.kv_len = len(shared_pages) * self.page_size
+        request.pages = list(match.pages)
+        request.kv_len = len(match.pages) * self.page_size
+        self.bug.after_admit(server=self, request=request)
         if request.kv_len:
             slots = [self._slot(request, p) for p in range(request.kv_len)]
             self.req_to_token_pool.write(
@@ -290,36 +382,104 @@ class SimulatedServer:
             )
 
     def finish(self, request: SimulatedRequest) -> None:
-        """Cache the request's full pages, release its pages and request row."""
+        """Cache the request's full pages (unless a bug made them differ from its tokens),
+        release its pages and request row."""
         full_pages = request.kv_len // self.page_size
         key = tuple(request.tokens[: full_pages * self.page_size])
-        if full_pages and key not in self._prefix_cache:
+        if request.cacheable and full_pages and key not in self._prefix_cache:
             self._prefix_cache[key] = request.pages[:full_pages]
             for page in request.pages[:full_pages]:
                 self._page_refs[page] += 1
-        for page in request.pages:
+        for page in request.pages + request.extra_pages:
             self._release(page)
         request.pages = []
+        request.extra_pages = []
         self.req_to_token_pool.free(request)
+        self.live_requests.remove(request)
 
-    def _match_prefix(self, prompt: Sequence[int]) -> list[int]:
-        best: list[int] = []
-        limit = (len(prompt) - 1) // self.page_size  # at least one token left to compute
+    def prefix_limit(self, *, prompt: Sequence[int]) -> int:
+        """The most pages a prompt may share: at least one token is left to compute."""
+        return (len(prompt) - 1) // self.page_size
+
+    def prefix_cache(self) -> list[tuple[tuple[int, ...], list[int]]]:
+        """The cached prefixes, oldest first: ``(tokens, pages)``."""
+        return list(self._prefix_cache.items())
+
+    def page_refs(self, *, page: int) -> int:
+        """References held on ``page`` (requests and cache entries; 0: free)."""
+        return self._page_refs.get(page, 0)
+
+    def page_of(self, *, slot: int) -> int:
+        """The first slot of the page holding ``slot``."""
+        return slot - slot % self.page_size
+
+    def reference_page(self, *, page: int) -> None:
+        """One more reference on the allocated ``page`` (its holder releases it at finish)."""
+        if page not in self._page_refs:
+            raise RuntimeError(f"simulation: page {page} is not allocated")
+        self._page_refs[page] += 1
+
+    def share_page(self, *, request: SimulatedRequest, page: int) -> None:
+        """``request`` maps ``page`` outside its own ``pages``: it holds a reference on it."""
+        self.reference_page(page=page)
+        request.extra_pages.append(page)
+
+    def report_fault(
+        self,
+        *,
+        fault: str,
+        victim: SimulatedRequest,
+        position: int,
+        req_pool_indices: Sequence[int] = (),
+        detail: str = "",
+    ) -> None:
+        """Log one ``kv_canary perturb:`` line for a fault whose effect ``victim`` reads first at
+        ``position``: ``step`` and ``row`` are the victim's next forward (the one being built
+        when it is in it, else its next one) and its batch row there; ``req_pool_idx`` the
+        request row(s) a detection is attributed to (comma-separated: any of them; default the
+        victim's); ``injected_step`` the forward index when the bug acted (the forward being
+        built or run, else the next one); ``detail`` more ``key=value`` pairs. The line is logged
+        once the victim's forward is known (at once, or when its next forward is built)."""
+        rows = ",".join(map(str, req_pool_indices or [victim.req_pool_idx]))
+        tail = (
+            f"rid={victim.rid} position={position} req_pool_idx={rows} "
+            f"injected_step={self.forwards}" + (f" {detail}" if detail else "")
+        )
+        self._pending_faults.append((victim, f"fault={fault} step={{step}} row={{row}} {tail}"))
+        if self.batch is not None:
+            self._flush_faults(self.batch)
+
+    def _flush_faults(self, batch: list[SimulatedRequest]) -> None:
+        """Log the reported faults whose victim is in ``batch`` (the forward ``self.forwards``)."""
+        pending = []
+        for victim, line in self._pending_faults:
+            row = next((i for i, request in enumerate(batch) if request is victim), None)
+            if row is None:
+                pending.append((victim, line))
+            else:
+                logger.info(f"{PERTURB_LINE_PREFIX} {line.format(step=self.forwards, row=row)}")
+        self._pending_faults = pending
+
+    def _match_prefix(self, prompt: Sequence[int]) -> PrefixMatch:
+        best = PrefixMatch(pages=[])
+        limit = self.prefix_limit(prompt=prompt)
         for key, pages in self._prefix_cache.items():
             common = 0
             while common < min(len(key), len(prompt)) and key[common] == prompt[common]:
                 common += 1
             usable = min(common // self.page_size, limit, len(pages))
-            if usable > len(best):
-                best = pages[:usable]
+            if usable > len(best.pages):
+                best = PrefixMatch(pages=pages[:usable], key=key, common=common)
         return best
 
     def _slot(self, request: SimulatedRequest, position: int) -> int:
         while len(request.pages) <= position // self.page_size:
-            request.pages.append(self._alloc_page())
+            request.pages.append(self.alloc_page())
         return request.pages[position // self.page_size] + position % self.page_size
 
-    def _alloc_page(self) -> int:
+    def alloc_page(self) -> int:
+        """A free page (evicting the oldest cached prefixes as needed), with one reference held
+        by the caller."""
         while True:
             slots = self.allocator.alloc(self.page_size)
             if slots is not None:
@@ -350,6 +510,7 @@ class SimulatedServer:
         """One EXTEND forward (MIXED when ``decoding`` rows ride along): ``(request, n)`` adds the
         next ``n`` prompt tokens of each request (chunked prefill when fewer than remain)."""
         rows = [(request, n) for request, n in chunks] + [(request, 1) for request in decoding]
+        self.batch = [request for request, _ in rows]
         input_ids, slots = [], []
         for request, n in rows:
             positions = range(request.kv_len, request.kv_len + n)
@@ -388,16 +549,26 @@ class SimulatedServer:
 
     def decode(self, requests: Sequence[SimulatedRequest], *, padded_rows: int = 0) -> None:
         """One DECODE forward; the model runs it padded with ``padded_rows`` rows as a replayed
-        CUDA graph pads it (see :func:`pad_like_a_graph_replay`)."""
-        slots = [self._write_slots(r, [r.kv_len])[0] for r in requests]
-        seq_lens = [r.kv_len + 1 for r in requests]
+        CUDA graph pads it (see :func:`pad_like_a_graph_replay`). Each request's token goes to
+        the position and slot of its :class:`DecodeSlot` (after the bug's plan); its ``kv_len``
+        becomes that position + 1."""
+        self.batch = list(requests)
+        self.bug.before_decode(server=self, requests=self.batch)
+        plan = [
+            DecodeSlot(request=r, position=r.kv_len, slot=self._write_slots(r, [r.kv_len])[0])
+            for r in requests
+        ]
+        self.bug.plan_decode(server=self, rows=plan)
+        for row in plan:
+            self.req_to_token_pool.write((row.request.req_pool_idx, row.position), row.slot)
+        seq_lens = [row.position + 1 for row in plan]
         batch = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
             batch_size=len(seq_lens),
             input_ids=torch.tensor([r.tokens[-1] for r in requests], dtype=torch.int64),
             req_pool_indices=torch.tensor([r.req_pool_idx for r in requests], dtype=torch.int64),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-            out_cache_loc=torch.tensor(slots, dtype=torch.int64),
+            out_cache_loc=torch.tensor([row.slot for row in plan], dtype=torch.int64),
             seq_lens_sum=sum(seq_lens),
             seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
             positions=torch.tensor([n - 1 for n in seq_lens], dtype=torch.int64),
@@ -408,8 +579,8 @@ class SimulatedServer:
         if padded_rows:
             setattr(batch, GRAPH_PADDING_ATTR, padded_rows)
         self._run(batch, list(requests))
-        for request in requests:
-            request.kv_len += 1
+        for row in plan:
+            row.request.kv_len = row.position + 1
         self._sample(list(requests))
 
     def _write_slots(self, request: SimulatedRequest, positions: Sequence[int]) -> list[int]:
@@ -424,10 +595,15 @@ class SimulatedServer:
         return slots
 
     def _run(self, batch: ForwardBatch, requests: list[SimulatedRequest]) -> None:
+        self.batch = requests
+        self._flush_faults(requests)
         worker_batch = SimulatedWorkerBatch(reqs=requests, seq_lens_cpu=batch.seq_lens_cpu)
         for hook in self.init_new_hooks:
             hook(batch, ForwardBatch, worker_batch, self.runner)
-        self.forward(batch)
+        try:
+            self.forward(batch)
+        finally:
+            self.batch = None
         self.forwards += 1
 
     def _sample(self, requests: list[SimulatedRequest]) -> None:
@@ -439,8 +615,10 @@ class SimulatedServer:
 
 def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
     """Prefill at page boundaries +-1, decode, chunked prefill (alone and mixed with decode),
-    finished requests, shared prefixes A -> B -> A, padded decode rows, and enough new requests
-    that cached prefixes are evicted and their slots (and request rows) reused.
+    finished requests, shared prefixes A -> B -> A (B matches A's cached prefix up to a partial
+    page), padded decode rows, parallel sampling (groups of 2 and 3 requests of one prompt,
+    prefilled and decoded together; the first group's prompt shares cached pages), and enough
+    new requests that cached prefixes are evicted and their slots (and request rows) reused.
 
     Sized for ``num_pages=40`` and ``max_requests=12`` (see :func:`default_server`)."""
     rng = random.Random(seed)
@@ -452,15 +630,23 @@ def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
         return [rng.randrange(VOCAB_SIZE) for _ in range(count)]
 
     def new_request(
-        prompt_len: int, max_new_tokens: int, prompt: list[int] | None = None
+        prompt_len: int,
+        max_new_tokens: int,
+        prompt: list[int] | None = None,
+        group: str | None = None,
     ) -> SimulatedRequest:
         request = SimulatedRequest(
             rid=f"req{next(counter)}",
-            prompt=prompt if prompt is not None else tokens(prompt_len),
+            prompt=list(prompt) if prompt is not None else tokens(prompt_len),
             max_new_tokens=max_new_tokens,
+            group=group,
         )
         server.admit(request)
         return request
+
+    def siblings(prompt: list[int], *, n: int, max_new_tokens: int) -> list[SimulatedRequest]:
+        group = f"group{next(counter)}"
+        return [new_request(0, max_new_tokens, prompt=prompt, group=group) for _ in range(n)]
 
     def prefill(requests: list[SimulatedRequest]) -> None:
         server.extend([(r, len(r.prompt) - r.kv_len) for r in requests])
@@ -492,14 +678,19 @@ def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
     request_a = new_request(0, 3, prompt=shared + tokens(page + 2))
     prefill([request_a])
     decode_steps(3)
-    prefill([new_request(0, 2, prompt=shared + tokens(2))])
+    prefill([new_request(0, 2, prompt=shared + tokens(page + 2))])
     decode_steps(2)
     prefill([new_request(0, 3, prompt=list(request_a.prompt))])
     decode_steps(1, padded_rows=2)
     decode_steps(2)
-    # waves of new requests: cached prefixes get evicted, slots and request rows reused
-    for _ in range(4):
-        prefill([new_request(4 * page + 1, 2), new_request(2 * page, 3)])
+    # parallel sampling: two siblings sharing two cached pages, then three of a new prompt
+    prefill(siblings(shared[: 2 * page] + tokens(page + 3), n=2, max_new_tokens=4))
+    decode_steps(3)
+    # waves of new requests (one of each runs on into the next wave): cached prefixes get
+    # evicted, slots and request rows reused
+    for wave in range(4):
+        group = siblings(tokens(2 * page + 1), n=3, max_new_tokens=3) if wave == 1 else []
+        prefill([new_request(4 * page + 1, 2), new_request(2 * page, 5), *group])
         decode_steps(2)
     decode_steps(16)
     if server.evictions == 0:
@@ -512,9 +703,10 @@ def default_server(
     forward: Callable[[ForwardBatch], Any],
     init_new_hooks: Sequence[InitNewHook] = (),
     sampler: Sampler | None = None,
+    bug: ServerBug | None = None,
 ) -> SimulatedServer:
     """The pool sizes :func:`run_mixed_workload` is written for (small: eviction and reuse)."""
     return SimulatedServer(
         page_size=page_size, num_pages=40, max_requests=12, max_context_len=128, forward=forward,
-        init_new_hooks=init_new_hooks, sampler=sampler,
+        init_new_hooks=init_new_hooks, sampler=sampler, bug=bug,
     )

@@ -1,0 +1,463 @@
+"""Persistent scheduler and engine bugs for the self-check's simulated server.
+
+Each class below is a :class:`~.simulation.ServerBug`: the :class:`~.simulation.SimulatedServer`
+consults it at its defined points (admission and prefix match, decode planning, before a decode
+step, the model's K/V store). Unlike the runtime perturbations, which corrupt one forward and undo
+it, these are real bugs: what they map or write stays. Each is seeded, starts after
+``warmup_steps`` forwards, injects at most ``max_faults`` faults (each on a request no earlier
+fault touched) and reports every fault with one ``kv_canary perturb:`` line (see
+:meth:`~.simulation.SimulatedServer.report_fault`): its ``step``, ``row``, ``rid`` and
+``position`` say where the canary must report it, ``req_pool_idx`` the request row(s) the
+report is attributed to.
+
+Fault lines name the bug (each is caught by the reason in brackets):
+
+- ``stale_slot_reuse`` [verify_owner]: a running request's pages are freed as if it had
+  finished and handed to the next new request, which writes its own prompt at the same
+  positions; the old request keeps reading them through its stale ``req_to_token`` row.
+- ``foreign_cached_prefix`` [verify_owner]: the prefix cache hands a new request the cached
+  pages of a different prompt, as many as a real match could give.
+- ``prefix_rounded_up`` [verify_owner]: a prefix match rounded up by a page (one more page than
+  actually matches).
+- ``sibling_mixed_pointer`` [verify_owner]: parallel sampling; sibling A's ``req_to_token[P-1]``
+  points at sibling B's slot of ``P-1`` (the first output position, where B stored a different
+  token).
+- ``sibling_shared_slot`` [verify_owner]: parallel sampling; two siblings are allocated one slot
+  for their first decoded tokens.
+- ``seq_lens_drift`` [verify_owner]: a request's seq_len drifts by -1, consistently on host and
+  device: its new token gets position ``P-1`` and a new slot replaces ``req_to_token[P-1]``.
+- ``prefix_slot_zero`` [verify_unmapped]: a prefix entry of a running request's row becomes 0.
+- ``write_slot_zero`` [write_unmapped]: a decoded token is allocated slot 0.
+- ``last_forward_overwrite`` [verify_overwritten]: in a request's last forward another row of the
+  step is allocated one of its prefix slots (the model writes the other token's K/V over it).
+- ``kv_bit_flip_v`` / ``kv_bit_flip_k`` [verify_real_kv_hash, real data on]: a bit of a live
+  prefix slot's V (K) of the last layer flips in the model's K/V store, inside the slot's
+  rotating 16-byte window of ``real_data=partial``.
+
+The consistent-but-foreign histories (the first six) leave every record's position and chain
+consistent with the records before it: only the ownership check (the chain the request's own
+history implies) can tell them from a correct history, so they are caught with the token checks
+off and real data off. Where the canary reports them: the pre launch's ownership row sits at the
+forward's ``P - 1``, the post launch's at ``P + n - 1``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from sglang.jit_kernel.kv_canary.hashing import fingerprint_columns
+from sglang.srt.kv_canary.runner.device_state import fingerprinted_layers
+from sglang.srt.kv_canary.selfcheck.simulation import (
+    DecodeSlot,
+    PrefixMatch,
+    ServerBug,
+    SimulatedRequest,
+    SimulatedServer,
+)
+
+DEFAULT_MAX_FAULTS = 3
+_WORD_BYTES = 8
+
+
+class SeededBug(ServerBug):
+    """A bug with a seeded generator, a warm-up and a fault budget (see the module docstring).
+
+    Args:
+        warmup_steps: forwards before the bug starts acting.
+        seed: seed of the generator that picks its targets.
+        max_faults: the most faults it injects.
+    """
+
+    def __init__(
+        self, *, warmup_steps: int, seed: int, max_faults: int = DEFAULT_MAX_FAULTS
+    ) -> None:
+        self.warmup_steps = warmup_steps
+        self.rng = random.Random(seed)
+        self.max_faults = max_faults
+        self.faults = 0
+        self._touched: set[int] = set()  # id() of every request a fault involved
+
+    def active(self, *, server: SimulatedServer) -> bool:
+        """Whether the bug may act now (warm-up over, budget left)."""
+        return server.forwards >= self.warmup_steps and self.faults < self.max_faults
+
+    def untouched(self, *, requests: Sequence[SimulatedRequest]) -> list[SimulatedRequest]:
+        """The requests no earlier fault involved."""
+        return [request for request in requests if id(request) not in self._touched]
+
+    def report(
+        self,
+        *,
+        server: SimulatedServer,
+        victim: SimulatedRequest,
+        position: int,
+        involved: Sequence[SimulatedRequest] = (),
+        req_pool_indices: Sequence[int] = (),
+        detail: str = "",
+    ) -> None:
+        """Count and log one fault (``involved``: other requests it touched)."""
+        self.faults += 1
+        for request in (victim, *involved):
+            self._touched.add(id(request))
+        server.report_fault(
+            fault=self.name, victim=victim, position=position,
+            req_pool_indices=req_pool_indices, detail=detail,
+        )
+
+
+def _row_slot(*, server: SimulatedServer, request: SimulatedRequest, position: int) -> int:
+    """``req_to_token[request.req_pool_idx, position]``."""
+    return int(server.req_to_token_pool.req_to_token[request.req_pool_idx, position])
+
+
+def _decoding_pairs(*, rows: Sequence[DecodeSlot]) -> list[tuple[DecodeSlot, DecodeSlot]]:
+    """Ordered pairs of distinct rows whose requests are siblings (one parallel-sampling group)."""
+    return [
+        (a, b) for a in rows for b in rows
+        if a is not b and a.request.group is not None and a.request.group == b.request.group
+    ]
+
+
+# ============================================================================ foreign histories
+
+
+class StaleSlotReuse(SeededBug):
+    """Admission of a new request with no cached prefix: a running request ``Z`` whose pages are
+    its own (no other reference) and whose ``kv_len`` is at most the new prompt's length has
+    its pages handed to the new request at the same page indices (a premature free followed by
+    a reallocation). The new request's prefill writes its own history over ``Z``'s positions
+    ``[0, kv_len)``; ``Z``'s row still points there. ``Z``'s next token goes to a fresh page
+    when its last page is partial (the scheduler allocates its future tokens anew), so the
+    two requests never write one slot. Reported on ``Z`` at ``kv_len - 1``: its next forward's
+    ownership check (the workload prefills new requests in their own EXTEND forward, so that
+    forward comes after the new request wrote the slots)."""
+
+    name = "stale_slot_reuse"
+
+    def after_admit(self, *, server: SimulatedServer, request: SimulatedRequest) -> None:
+        if not self.active(server=server) or request.pages:
+            return
+        page = server.page_size
+        candidates = [
+            z for z in self.untouched(requests=server.live_requests)
+            if z is not request and z.prefilled and not z.finished
+            and 1 <= z.kv_len <= len(request.prompt)
+            and all(server.page_refs(page=p) == 1 for p in z.pages[: -(-z.kv_len // page)])
+        ]
+        if not candidates:
+            return
+        victim = self.rng.choice(candidates)
+        taken = victim.pages[: -(-victim.kv_len // page)]
+        for p in taken:
+            server.reference_page(page=p)
+        request.pages = list(taken)
+        if victim.kv_len % page:
+            last = len(taken) - 1
+            victim.extra_pages.append(victim.pages[last])
+            victim.pages[last] = server.alloc_page()
+        victim.cacheable = False
+        self.report(
+            server=server, victim=victim, position=victim.kv_len - 1, involved=[request],
+            detail=f"new_rid={request.rid} pages={len(taken)}",
+        )
+
+
+class ForeignCachedPrefix(SeededBug):
+    """Admission: the prefix cache returns the pages of a cached prompt that differs from the
+    request's within the shared length, as many as the request may share (the most any entry
+    gives). Reported on the request at ``P - 1`` (``P`` the shared length): its prefill's
+    ownership check."""
+
+    name = "foreign_cached_prefix"
+
+    def match_prefix(
+        self, *, server: SimulatedServer, request: SimulatedRequest, match: PrefixMatch
+    ) -> PrefixMatch:
+        if not self.active(server=server):
+            return match
+        page, limit = server.page_size, server.prefix_limit(prompt=request.prompt)
+        candidates = []
+        for key, pages in server.prefix_cache():
+            usable = min(len(pages), limit)
+            if usable >= 1 and list(key[: usable * page]) != request.prompt[: usable * page]:
+                candidates.append((usable, key, pages))
+        if not candidates:
+            return match
+        most = max(usable for usable, _, _ in candidates)
+        usable, key, pages = self.rng.choice([c for c in candidates if c[0] == most])
+        request.cacheable = False
+        self.report(
+            server=server, victim=request, position=usable * page - 1,
+            detail=f"shared_pages={usable} correct_pages={len(match.pages)}",
+        )
+        return PrefixMatch(pages=pages[:usable], key=key, common=0)
+
+
+class PrefixRoundedUp(SeededBug):
+    """Admission: a prefix match of ``k`` pages whose entry matches part of page ``k`` too (at
+    least one prompt token matched, not capped by the entry or the prompt) is rounded up to
+    ``k + 1`` pages. Reported on the request at ``(k + 1) * page_size - 1``: its prefill's
+    ownership check."""
+
+    name = "prefix_rounded_up"
+
+    def match_prefix(
+        self, *, server: SimulatedServer, request: SimulatedRequest, match: PrefixMatch
+    ) -> PrefixMatch:
+        if not self.active(server=server) or match.key is None:
+            return match
+        page, k = server.page_size, len(match.pages)
+        entry_pages = dict(server.prefix_cache())[match.key]
+        if (
+            match.common < 1 or match.common // page != k
+            or k + 1 > server.prefix_limit(prompt=request.prompt) or k + 1 > len(entry_pages)
+        ):
+            return match
+        request.cacheable = False
+        self.report(
+            server=server, victim=request, position=(k + 1) * page - 1,
+            detail=f"matched_tokens={match.common} shared_pages={k + 1}",
+        )
+        return PrefixMatch(pages=entry_pages[: k + 1], key=match.key, common=match.common)
+
+
+class SiblingMixedPointer(SeededBug):
+    """Before a decode step: siblings ``A`` and ``B`` that both decoded their first output
+    token (``A``'s prefix is its prompt + 1, the tokens at the prompt's length differ): ``A``'s
+    ``req_to_token[P - 1]`` is pointed at ``B``'s slot. Reported on ``A`` at ``P - 1``: the
+    same forward's ownership check."""
+
+    name = "sibling_mixed_pointer"
+
+    def before_decode(
+        self, *, server: SimulatedServer, requests: Sequence[SimulatedRequest]
+    ) -> None:
+        if not self.active(server=server):
+            return
+        untouched = self.untouched(requests=requests)
+        pairs = [
+            (a, b) for a in untouched for b in untouched
+            if a is not b and a.group is not None and a.group == b.group
+            and a.kv_len == len(a.prompt) + 1 and b.kv_len >= a.kv_len
+            and a.tokens[a.kv_len - 1] != b.tokens[a.kv_len - 1]
+        ]
+        if not pairs:
+            return
+        a, b = self.rng.choice(pairs)
+        position = a.kv_len - 1
+        slot = _row_slot(server=server, request=b, position=position)
+        server.share_page(request=a, page=server.page_of(slot=slot))
+        server.req_to_token_pool.write((a.req_pool_idx, position), slot)
+        a.cacheable = False
+        self.report(
+            server=server, victim=a, position=position, involved=[b],
+            detail=f"partner_rid={b.rid} slot={slot}",
+        )
+
+
+class SiblingSharedSlot(SeededBug):
+    """Decode planning: siblings ``A`` and ``B`` decoding their first output tokens (different
+    ones) are allocated one slot, ``B``'s. Both write it in the pre launch; whichever record
+    survives (launch order), the other sibling's post-launch ownership check at ``P`` fails, so
+    the fault is reported at ``P`` attributed to either row."""
+
+    name = "sibling_shared_slot"
+
+    def plan_decode(self, *, server: SimulatedServer, rows: list[DecodeSlot]) -> None:
+        if not self.active(server=server):
+            return
+        untouched = set(map(id, self.untouched(requests=[row.request for row in rows])))
+        pairs = [
+            (a, b) for a, b in _decoding_pairs(rows=rows)
+            if id(a.request) in untouched and id(b.request) in untouched
+            and a.position == len(a.request.prompt) == b.position
+            and a.request.tokens[-1] != b.request.tokens[-1]
+        ]
+        if not pairs:
+            return
+        a, b = self.rng.choice(pairs)
+        server.share_page(request=a.request, page=server.page_of(slot=b.slot))
+        a.slot = b.slot
+        a.request.cacheable = b.request.cacheable = False
+        self.report(
+            server=server, victim=a.request, position=a.position, involved=[b.request],
+            req_pool_indices=[a.request.req_pool_idx, b.request.req_pool_idx],
+            detail=f"partner_rid={b.request.rid} slot={b.slot}",
+        )
+
+
+class SeqLensDrift(SeededBug):
+    """Decode planning: one request (prefix ``K >= 2``) runs with seq_len ``K`` instead of
+    ``K + 1`` on host and device alike: its new token gets position ``K - 1``, a freshly
+    allocated slot replaces ``req_to_token[K - 1]``, and its ``kv_len`` stays ``K`` (the drift
+    persists). Reported at ``K - 2``, the drifted prefix's ``P - 1``: the same forward's
+    ownership check."""
+
+    name = "seq_lens_drift"
+
+    def plan_decode(self, *, server: SimulatedServer, rows: list[DecodeSlot]) -> None:
+        if not self.active(server=server):
+            return
+        untouched = set(map(id, self.untouched(requests=[row.request for row in rows])))
+        candidates = [row for row in rows if id(row.request) in untouched and row.position >= 2]
+        if not candidates:
+            return
+        row = self.rng.choice(candidates)
+        page = server.alloc_page()
+        row.request.extra_pages.append(page)
+        row.position -= 1
+        row.slot = page
+        row.request.cacheable = False
+        self.report(
+            server=server, victim=row.request, position=row.position - 1,
+            detail=f"seq_len={row.position + 1} expected_seq_len={row.position + 2} slot={page}",
+        )
+
+
+# ============================================================================ slot 0
+
+
+class PrefixSlotZero(SeededBug):
+    """Before a decode step: ``req_to_token`` of one request's prefix position ``q <= P - 2``
+    becomes 0 (the padding slot). Reported at ``q``: the same forward's pre-launch
+    ``verify_unmapped``."""
+
+    name = "prefix_slot_zero"
+
+    def before_decode(
+        self, *, server: SimulatedServer, requests: Sequence[SimulatedRequest]
+    ) -> None:
+        if not self.active(server=server):
+            return
+        candidates = [r for r in self.untouched(requests=requests) if r.kv_len >= 2]
+        if not candidates:
+            return
+        request = self.rng.choice(candidates)
+        position = self.rng.randrange(request.kv_len - 1)
+        server.req_to_token_pool.write((request.req_pool_idx, position), 0)
+        self.report(server=server, victim=request, position=position)
+
+
+class WriteSlotZero(SeededBug):
+    """Decode planning: one request's new token is allocated slot 0 (``out_cache_loc`` and
+    ``req_to_token``). Reported at its position: the same forward's ``write_unmapped``."""
+
+    name = "write_slot_zero"
+
+    def plan_decode(self, *, server: SimulatedServer, rows: list[DecodeSlot]) -> None:
+        if not self.active(server=server):
+            return
+        untouched = set(map(id, self.untouched(requests=[row.request for row in rows])))
+        candidates = [row for row in rows if id(row.request) in untouched]
+        if not candidates:
+            return
+        row = self.rng.choice(candidates)
+        row.slot = 0
+        row.request.cacheable = False
+        self.report(server=server, victim=row.request, position=row.position)
+
+
+# ============================================================================ overwritten prefix
+
+
+class LastForwardOverwrite(SeededBug):
+    """Decode planning: a victim decoding its last token (it finishes after this step) and a
+    culprit, another row of the step: the culprit's new token is allocated the victim's slot of
+    a prefix position ``q`` on a page only the victim references, so the model writes the
+    culprit's K/V over it. No later forward of the victim exists: it is reported at ``q``,
+    attributed to the victim's row, for the same forward's post-launch ``verify_overwritten``.
+    The culprit keeps that page referenced while it runs."""
+
+    name = "last_forward_overwrite"
+
+    def plan_decode(self, *, server: SimulatedServer, rows: list[DecodeSlot]) -> None:
+        if not self.active(server=server) or len(rows) < 2:
+            return
+        untouched = set(map(id, self.untouched(requests=[row.request for row in rows])))
+        targets = []
+        for row in rows:
+            victim = row.request
+            if id(victim) not in untouched or len(victim.output) + 1 < victim.max_new_tokens:
+                continue
+            for position in range(row.position):
+                slot = _row_slot(server=server, request=victim, position=position)
+                if slot and server.page_refs(page=server.page_of(slot=slot)) == 1:
+                    targets.append((row, position, slot))
+        if not targets:
+            return
+        row, position, slot = self.rng.choice(targets)
+        culprit = self.rng.choice([other for other in rows if other is not row])
+        server.share_page(request=culprit.request, page=server.page_of(slot=slot))
+        culprit.slot = slot
+        row.request.cacheable = culprit.request.cacheable = False
+        self.report(
+            server=server, victim=row.request, position=position, involved=[culprit.request],
+            detail=f"culprit_rid={culprit.request.rid} culprit_position={culprit.position} "
+            f"slot={slot}",
+        )
+
+
+# ============================================================================ K/V bytes
+
+
+class KvBitFlip(SeededBug):
+    """In the model's K/V store, after it wrote this forward's K/V: one bit of a live prefix
+    slot's row in the last layer's V (:class:`KvBitFlipK`: K) buffer flips, in a byte inside
+    the slot's rotating 16-byte window that ``real_data=partial`` fingerprints (so ``partial``
+    covers it as well as ``all``). Each fault flips a different slot. Reported at the slot's
+    position in a row of this forward: the same forward's post-launch ``verify_real_kv_hash``
+    (silent with real data off)."""
+
+    name = "kv_bit_flip_v"
+    buffer = "v"
+
+    def __init__(
+        self, *, warmup_steps: int, seed: int, max_faults: int = DEFAULT_MAX_FAULTS
+    ) -> None:
+        super().__init__(warmup_steps=warmup_steps, seed=seed, max_faults=max_faults)
+        self._flipped: set[int] = set()
+
+    def after_kv_store(self, *, server: SimulatedServer) -> None:
+        if not self.active(server=server) or not server.batch:
+            return
+        targets = [
+            (request, position, slot)
+            for request in self.untouched(requests=server.batch)
+            for position in range(request.kv_len)
+            if (slot := _row_slot(server=server, request=request, position=position))
+            and slot not in self._flipped
+        ]
+        if not targets:
+            return
+        request, position, slot = self.rng.choice(targets)
+        pool = server.kv_pool
+        layer = fingerprinted_layers(pool)[-1]
+        buffer = (pool.v_buffer if self.buffer == "v" else pool.k_buffer)[layer]
+        row_bytes = buffer.view(buffer.shape[0], -1).view(torch.uint8)
+        byte = self.flip_byte(slot=slot, row_bytes=row_bytes.shape[1], num_rows=row_bytes.shape[0])
+        bit = self.rng.randrange(8)
+        row_bytes[slot, byte] ^= 1 << bit
+        self._flipped.add(slot)
+        self.report(
+            server=server, victim=request, position=position,
+            detail=f"buffer=layer_{layer}_{self.buffer.upper()} slot={slot} byte={byte} bit={bit}",
+        )
+
+
+    def flip_byte(self, *, slot: int, row_bytes: int, num_rows: int) -> int:
+        """The byte of ``slot``'s row (``row_bytes`` long, of a buffer of ``num_rows`` rows) to
+        flip: a seeded pick inside the 16-byte window ``real_data=partial`` folds for it."""
+        columns = fingerprint_columns(
+            slot=slot, words_per_row=row_bytes // _WORD_BYTES, num_rows=num_rows, partial=True
+        )
+        return columns.start * _WORD_BYTES + self.rng.randrange(len(columns) * _WORD_BYTES)
+
+
+class KvBitFlipK(KvBitFlip):
+    """:class:`KvBitFlip` in the last layer's K buffer."""
+
+    name = "kv_bit_flip_k"
+    buffer = "k"
