@@ -8,7 +8,9 @@ chain value follows from its predecessor), so the chain, position and real-data 
 silent; only the ownership check can see that the history is not the request's own
 (``verify_owner``). Undone right after the forward, like ``req_to_token``; the records this
 forward wrote were chained from the foreign history, so the next forward may add
-``verify_chain_hash`` at the row's first new position.
+``verify_chain_hash`` at the row's first new position. A pair of rows that share the prefix
+(siblings of one prompt) is skipped: that would change nothing (the only perturbation that reads
+the device: one comparison of two records per injected fault, to know the history is foreign).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 
 import torch
 
+from sglang.jit_kernel.kv_canary.consts import FIELD_STAMP
 from sglang.srt.kv_canary.perturb.fault import InjectedFault
 from sglang.srt.kv_canary.perturb.live_rows import LiveRow
 
@@ -26,8 +29,9 @@ class ForeignPrefixPerturbation:
 
     kind = "foreign_prefix"
 
-    def __init__(self, *, req_to_token: torch.Tensor) -> None:
+    def __init__(self, *, req_to_token: torch.Tensor, records: torch.Tensor) -> None:
         self._req_to_token = req_to_token
+        self._records = records
 
     def inject(
         self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
@@ -45,9 +49,15 @@ class ForeignPrefixPerturbation:
         table = self._req_to_token
         target_rp = forward_batch.req_pool_indices[target.row : target.row + 1].to(torch.int64)
         source_rp = forward_batch.req_pool_indices[source.row : source.row + 1].to(torch.int64)
-        target_entries = table.index_select(0, target_rp)[:, :length]  # device copies, no sync
-        saved = target_entries.clone()
+        saved = table.index_select(0, target_rp)[:, :length]
         foreign = table.index_select(0, source_rp)[:, :length]
+        last = torch.stack([saved[0, -1], foreign[0, -1]]).to(torch.int64)
+        if torch.equal(*self._records.index_select(0, last)[:, :FIELD_STAMP]):
+            # Both rows hold the same history up to here (siblings of one prompt, a shared
+            # radix prefix): the same token, position and chain value at the last position.
+            # Pointing one at the other would change nothing. The one host sync of the
+            # perturbations (test-only).
+            return None
         columns = torch.arange(length, device=table.device)
 
         def write(values: torch.Tensor) -> None:

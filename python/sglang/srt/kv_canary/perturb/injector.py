@@ -120,7 +120,8 @@ def build_fault_injector(
         )
     if config.foreign_prefix_prob > 0:
         before.append((
-            config.foreign_prefix_prob, ForeignPrefixPerturbation(req_to_token=state.req_to_token)
+            config.foreign_prefix_prob,
+            ForeignPrefixPerturbation(req_to_token=state.req_to_token, records=state.records),
         ))
     if config.real_kv_used_prob > 0:
         before.append((

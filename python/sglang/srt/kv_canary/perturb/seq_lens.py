@@ -29,7 +29,8 @@ class SeqLensPerturbation:
         row = rng.choice(rows)
         value = forward_batch.seq_lens[row.row : row.row + 1]  # a view
         value.add_(1)
-        return InjectedFault(
-            fault=self.kind, row=row, position=row.prefix_len, detail="delta=1",
+        drifted = int(forward_batch.seq_lens_cpu[row.row]) + 1
+        return InjectedFault(  # position: the drifted device value the violation row reports
+            fault=self.kind, row=row, position=drifted, detail="delta=1",
             undo=lambda: value.sub_(1),
         )

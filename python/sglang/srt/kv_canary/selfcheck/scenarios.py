@@ -149,6 +149,27 @@ def default_scenarios() -> list[Scenario]:
             allowed_reasons=position_or_chain,
         ),
         Scenario(
+            name="foreign_prefix fault, real_data=none",
+            config=_perturbed(_base_config(real_data=RealDataMode.NONE), foreign_prefix_prob=1.0),
+            must_detect=int(Reason.VERIFY_OWNER),
+            # the records the faulted forward wrote continue the foreign history: the next
+            # forward may see the chain break at the row's first new position
+            allowed_reasons=int(Reason.VERIFY_OWNER | Reason.VERIFY_CHAIN),
+        ),
+        Scenario(
+            name="seq_lens fault",
+            config=_perturbed(partial, seq_lens_prob=1.0),
+            must_detect=int(Reason.VERIFY_SEQ_LENS),
+            allowed_checks=frozenset({CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY,
+                                      CheckKind.WRITE}),
+            # a decode row's shifted prefix also reads the slot being written this step
+            allowed_reasons=int(
+                Reason.VERIFY_SEQ_LENS | Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN
+                | Reason.VERIFY_OWNER | Reason.VERIFY_UNWRITTEN | Reason.WRITE_POSITION
+                | Reason.VERIFY_OVERWRITTEN | Reason.VERIFY_REAL_KV | Reason.VERIFY_UNMAPPED
+            ),
+        ),
+        Scenario(
             name="real_kv_used fault, real_data=partial",
             config=_perturbed(partial, real_kv_used_prob=1.0),
             must_detect=int(Reason.VERIFY_REAL_KV),
