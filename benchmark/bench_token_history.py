@@ -66,7 +66,7 @@ class _HistorySync:
         self._staging = torch.empty((1 << 16,), dtype=torch.int64, device=device)
 
     def prepare(self, reqs: list[_Req]) -> RowUpdates:
-        return self.rows.prepare(reqs=reqs, prefix_lens=[0] * len(reqs))
+        return self.rows.prepare(reqs=reqs, prefix_lens=[0] * len(reqs), seq_lens=[1] * len(reqs))
 
     def upload(self, updates: RowUpdates) -> None:
         words = updates.packed.shape[0]
@@ -75,7 +75,7 @@ class _HistorySync:
                                         device=self._staging.device)
         staging = self._staging[:words]
         staging.copy_(updates.packed, non_blocking=True)
-        section, _ = updates.sections_on(staging)
+        _, section, _ = updates.sections_on(staging)
         self.history.upload(section)
         self.rows.commit(updates)
 

@@ -111,12 +111,14 @@ def test_full_configuration() -> None:
          "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1"),
         ({"SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB": "1"},
          "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1"),
-        # Not implemented yet: refused as such before asking whether it would have an effect.
         ({"SGLANG_KV_CANARY_SWEEP_INTERVAL": "3"},
-         "SGLANG_KV_CANARY_SWEEP_INTERVAL='3': not implemented"),
+         "SGLANG_KV_CANARY_SWEEP_INTERVAL='3' would have no effect"),
+        # Only the sweep sees cached slots no request uses.
         ({"SGLANG_KV_CANARY_MODE": "log",
           "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "1"},
-         "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB='1': not implemented"),
+         "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB='1' would have no effect"),
+        ({"SGLANG_KV_CANARY_REINJECT_PADDED_ROW_BUG": "1"},
+         "SGLANG_KV_CANARY_REINJECT_PADDED_ROW_BUG='1' would have no effect"),
     ],
 )
 def test_settings_that_would_do_nothing_are_rejected(environ: dict, fragment: str) -> None:
@@ -175,12 +177,10 @@ def test_perturbation_knobs_take_effect_with_a_perturbation() -> None:
     assert (config.perturb.warmup_steps, config.perturb.seed) == (5, 7)
 
 
-@pytest.mark.parametrize("name", ["SGLANG_KV_CANARY_SWEEP_INTERVAL",
-                                  "SGLANG_KV_CANARY_PERTURB_REAL_KV_POST_FORWARD_PROB"])
-def test_unimplemented_knobs_are_refused(name: str) -> None:
-    with pytest.raises(CanaryConfigError) as info:
-        parse_config({"SGLANG_KV_CANARY_MODE": "log", name: "1"})
-    assert name in str(info.value) and "not implemented" in str(info.value)
+def test_the_sweep_and_its_perturbation_are_accepted_with_the_canary() -> None:
+    config = parse_config({"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_SWEEP_INTERVAL": "4",
+                           "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "0.5"})
+    assert config.sweep_interval == 4 and config.perturb.real_kv_unused_cache_prob == 0.5
 
 
 def test_oracle_alone_is_allowed_without_canary() -> None:

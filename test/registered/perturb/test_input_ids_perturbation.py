@@ -11,8 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from sglang.jit_kernel.kv_canary.batch_view import CanaryDeviceState
-from sglang.jit_kernel.kv_canary.canary_kernels_ref import allocate_device_state
+from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import PerturbConfig
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.perturb.injector import build_fault_injector
@@ -111,15 +110,15 @@ def test_a_vocabulary_of_one_token_cannot_be_perturbed() -> None:
 
 
 def _state() -> CanaryDeviceState:
-    return allocate_device_state(num_slots=8, req_to_token=torch.zeros(4, 8, dtype=torch.int32),
-                                 ring_capacity=4)
+    return CanaryDeviceState.zeros(num_slots=8, req_to_token=torch.zeros(4, 8, dtype=torch.int32),
+                                   ring_capacity=4)
 
 
 def test_the_injector_fires_after_the_warm_up_and_logs_the_standard_line(caplog) -> None:
     caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
     injector = build_fault_injector(
         config=PerturbConfig(warmup_steps=2, seed=5, input_ids_prob=1.0), state=_state(),
-        layer0_keys=torch.zeros(8, 1, 8, dtype=torch.bfloat16), vocab_size=_VOCAB,
+        kv_pool=None, vocab_size=_VOCAB,
     )
     for step in range(4):
         batch = _decode([4, 9])

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.jit_kernel.kv_canary.batch_view import BatchLayout
+from sglang.jit_kernel.kv_canary.kernel_inputs import BatchLayout
 from sglang.jit_kernel.kv_canary.consts import (
     COUNTER_KERNEL_RUNS,
     COUNTER_STEP,
@@ -162,8 +162,11 @@ def test_install_keeps_one_record_per_slot_beside_the_pool(page_size: int, caplo
     keys = server.kv_pool.k_buffer[0]
     assert state.records.shape == (keys.shape[0], RECORD_FIELDS)
     assert state.req_to_token is server.req_to_token_pool.req_to_token
-    assert state.real_kv_words.data_ptr() == keys.data_ptr()  # a view of the live K bytes
-    assert state.real_kv_num_words == 2
+    # views of the live K and V bytes of the first and the last layer, 16 bytes each (partial)
+    pool = server.kv_pool
+    expected = [pool.k_buffer[0], pool.v_buffer[0], pool.k_buffer[-1], pool.v_buffer[-1]]
+    assert [s.data_ptr() for s in state.real_data.sources] == [b.data_ptr() for b in expected]
+    assert state.real_data.partial
     assert sum("KV canary installed: records 32 B/slot" in m for m in caplog.messages) == 1
 
 

@@ -143,7 +143,7 @@ def test_real_data_needs_whole_words_per_row() -> None:
                               kv_pool=_mha_pool(head_dim=4))  # 8-byte rows < 16
     state = allocate_device_state(config=config, req_to_token_pool=_req_pool(),
                                   kv_pool=_mha_pool(head_dim=4))
-    assert state.real_kv_num_words == 1
+    assert state.real_data.words_per_row == (1,) * len(state.real_data.sources)
 
 
 if __name__ == "__main__":

@@ -113,11 +113,11 @@ class SyncedHistory:
                                     scatter=scatter)
 
     def prepare(self, reqs: list[FakeReq]) -> RowUpdates:
-        return self.rows.prepare(reqs=reqs, prefix_lens=[0] * len(reqs))
+        return self.rows.prepare(reqs=reqs, prefix_lens=[0] * len(reqs), seq_lens=[1] * len(reqs))
 
     def upload(self, updates: RowUpdates) -> None:
         device_packed = updates.packed.to(self.device, non_blocking=True, copy=True)
-        section, owners = updates.sections_on(device_packed)
+        _, section, owners = updates.sections_on(device_packed)
         assert owners is None  # owner chains are not kept here
         self.history.upload(section)
         self.rows.commit(updates)

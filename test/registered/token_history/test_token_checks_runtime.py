@@ -35,7 +35,7 @@ from _token_check_batches import (
 )
 
 from sglang.jit_kernel.kv_canary.consts import (
-    FIELD_TOKEN,
+    FIELD_TOKEN_POSITION,
     NUM_COUNTERS,
     RECORD_BYTES,
     RING_ROW_FIELDS,
@@ -255,11 +255,11 @@ def test_run_forward_refreshes_the_history_before_the_forward() -> None:
 def _recording(kernels: CanaryKernels, views: list) -> CanaryKernels:
     """``kernels`` whose pre-forward launch also records the batch view it is given."""
 
-    def pre_forward_verify(*, state, batch):
+    def pre_forward(*, state, batch):
         views.append(batch)
-        kernels.pre_forward_verify(state=state, batch=batch)
+        kernels.pre_forward(state=state, batch=batch)
 
-    return dataclasses.replace(kernels, pre_forward_verify=pre_forward_verify)
+    return dataclasses.replace(kernels, pre_forward=pre_forward)
 
 
 def test_the_in_forward_part_never_refreshes_the_history() -> None:
@@ -279,15 +279,15 @@ def test_the_in_forward_part_never_refreshes_the_history() -> None:
         seq_lens=torch.tensor([7]), out_cache_loc=torch.tensor([0]), seq_lens_sum=7,
         positions=torch.tensor([6]), token_to_kv_pool=server.kv_pool,
     )
-    updates = runner.request_rows.prepare(reqs=[request], prefix_lens=[6])
+    updates = runner.request_rows.prepare(reqs=[request], prefix_lens=[6], seq_lens=[7])
     assert updates.token_history.req_all_ids_flat.tolist() == [request.output[0]]
     attach_batch_inputs(batch, CanaryBatchInputs(runner=runner, row_updates=updates))
     server.runner.model.forward(batch.input_ids, batch.positions, batch)  # never uploaded
     assert torch.equal(history.tokens, before[0])
     assert torch.equal(history.lens, before[1])
     view = views[-1]
-    assert view.expected_token_pool.data_ptr() == history.tokens.data_ptr()
-    assert view.expected_token_valid_lens.data_ptr() == history.lens.data_ptr()
+    assert view.token_history.data_ptr() == history.tokens.data_ptr()
+    assert view.token_history_lens.data_ptr() == history.lens.data_ptr()
     assert view.verify_token and view.expected_input_ids is None
 
 
@@ -320,7 +320,7 @@ def test_verify_token_reports_a_slot_holding_a_token_the_request_never_had(caplo
     server.extend([(request, 9)])
     server.decode([request])
     slot = int(server.req_to_token_pool.req_to_token[request.req_pool_idx, 3])
-    runner.state.records[slot, FIELD_TOKEN] += 1
+    runner.state.records[slot, FIELD_TOKEN_POSITION] += 1
     server.decode([request])
     _poll(runner)
     rows = [r for r in _rows(caplog_canary) if r.position == 3]
@@ -386,7 +386,7 @@ def test_the_history_alone_is_only_the_write_fallback_when_verify_token_is_off(
     request = _request(server, "a", _prompt(8, 6))
     server.extend([(request, 6)])
     slot = int(server.req_to_token_pool.req_to_token[request.req_pool_idx, 2])
-    runner.state.records[slot, FIELD_TOKEN] += 1  # would be verify_token (and chain)
+    runner.state.records[slot, FIELD_TOKEN_POSITION] += 1  # would be verify_token (and chain)
     server.decode([request])
     _poll(runner)
     assert {r.reasons for r in _rows(caplog_canary)} == {Reason.VERIFY_CHAIN}

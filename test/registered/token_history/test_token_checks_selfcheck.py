@@ -37,18 +37,17 @@ def test_token_check_scenarios_pass(name: str, page_size: int) -> None:
 def _blind_kernels() -> CanaryKernels:
     """Reference kernels that write records but throw every verdict away."""
 
-    def pre_forward_verify(*, state, batch) -> None:
+    def pre_forward(*, state, batch) -> None:
         violations = int(state.counters[COUNTER_VIOLATIONS])
-        _KERNELS.pre_forward_verify(state=state, batch=batch)
+        _KERNELS.pre_forward(state=state, batch=batch)
         state.counters[COUNTER_VIOLATIONS] = violations
 
-    def post_forward_write_and_verify(*, state, batch) -> None:
+    def post_forward(*, state, batch) -> None:
         violations = int(state.counters[COUNTER_VIOLATIONS])
-        _KERNELS.post_forward_write_and_verify(state=state, batch=batch)
+        _KERNELS.post_forward(state=state, batch=batch)
         state.counters[COUNTER_VIOLATIONS] = violations
 
-    return dataclasses.replace(_KERNELS, pre_forward_verify=pre_forward_verify,
-                               post_forward_write_and_verify=post_forward_write_and_verify)
+    return dataclasses.replace(_KERNELS, pre_forward=pre_forward, post_forward=post_forward)
 
 
 @pytest.mark.parametrize("name", ["input_ids fault, token checks",
@@ -62,13 +61,12 @@ def test_without_write_input_expectations_a_foreign_token_goes_unnoticed() -> No
     """Write launches that see no expectations: a token the oracle did not emit is then only
     ever compared with the history, which has it too."""
 
-    def post_forward_write_and_verify(*, state, batch) -> None:
+    def pre_forward(*, state, batch) -> None:  # the launch that writes (and checks inputs)
         no_expectations = dataclasses.replace(batch, expected_input_ids=None,
                                               expected_positions=None)
-        _KERNELS.post_forward_write_and_verify(state=state, batch=no_expectations)
+        _KERNELS.pre_forward(state=state, batch=no_expectations)
 
-    kernels = dataclasses.replace(_KERNELS,
-                                  post_forward_write_and_verify=post_forward_write_and_verify)
+    kernels = dataclasses.replace(_KERNELS, pre_forward=pre_forward)
     outcome = run_scenario(_SCENARIOS["foreign next token, token checks"], page_size=1,
                            kernels=kernels)
     assert not outcome.passed and "missed" in outcome.detail
@@ -78,13 +76,11 @@ def test_without_the_history_fallback_prompt_token_faults_are_missed() -> None:
     """Write launches that see no history: an input_ids fault on a prompt token (which the
     oracle does not predict) is then not reported in its own forward."""
 
-    def post_forward_write_and_verify(*, state, batch) -> None:
-        no_history = dataclasses.replace(batch, expected_token_pool=None,
-                                         expected_token_valid_lens=None)
-        _KERNELS.post_forward_write_and_verify(state=state, batch=no_history)
+    def pre_forward(*, state, batch) -> None:  # the launch that writes (and checks inputs)
+        no_history = dataclasses.replace(batch, token_history=None, token_history_lens=None)
+        _KERNELS.pre_forward(state=state, batch=no_history)
 
-    kernels = dataclasses.replace(_KERNELS,
-                                  post_forward_write_and_verify=post_forward_write_and_verify)
+    kernels = dataclasses.replace(_KERNELS, pre_forward=pre_forward)
     outcome = run_scenario(_SCENARIOS["input_ids fault, token checks"], page_size=4,
                            kernels=kernels)
     assert not outcome.passed and "missed" in outcome.detail

@@ -56,7 +56,7 @@ def test_full_updates_layout() -> None:
     reqs = [_req("a", [1, 2, 3], [4], row=3), _req("b", [], [], row=1), _req("c", [9], [8], row=2)]
     rows = RequestRows(num_rows=6, token_history=True, owner_chains=False, pin_memory=False,
                        incremental=False)
-    updates = rows.prepare(reqs=reqs, prefix_lens=[0, 0, 0])
+    updates = rows.prepare(reqs=reqs, prefix_lens=[0, 0, 0], seq_lens=[1, 1, 1])
     history = updates.token_history
     assert history.req_pool_indices.tolist() == [3, 1, 2]
     assert history.req_all_ids_lens.tolist() == [4, 0, 2]
