@@ -658,9 +658,10 @@ def _canary_forward_kernel(
 
 
 def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> None:
-    """Before the model forward: verify every live row's prefix, write this forward's records
-    (stamped ``step + 1``, fingerprint 0), check and advance the rows' owner chains, check the
-    seq_lens invariant (see :mod:`.canary_forward_ref` for the exact contract).
+    """Before the model forward: verify every live row's prefix (real data excepted: the post
+    launch verifies it), write this forward's records (stamped ``step + 1``, fingerprint 0),
+    check and advance the rows' owner chains, check the seq_lens invariant (see
+    :mod:`.canary_forward_ref` for the exact contract).
 
     One kernel launch on the current stream; no host synchronization, no allocation;
     CUDA-graph capturable (the grid depends only on ``bs``, ``num_tokens``, ``max_context_len``
@@ -705,7 +706,12 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
             "canary_forward_ref (same signatures) or set TRITON_INTERPRET=1 before importing them"
         )
     tiles = TILES
-    real = real_data_constexprs(state.real_data)
+    # Real data is verified after the forward only: the post launch sees every corruption the
+    # pre launch would (bytes changed before the forward are still changed after it) plus the
+    # ones made during the forward, so folding the bytes twice per step would double the cost
+    # for nothing. The pre launch compiles as with real data off.
+    real_data = state.real_data if phase is CheckKind.POST_VERIFY else None
+    real = real_data_constexprs(real_data)
     verify_tile = tiles.verify_tile
     if real["NUM_SOURCES"] and not real["PARTIAL"]:
         verify_tile = min(
@@ -744,7 +750,7 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         state.ring_capacity,
         state.counters,
         state.owner_chains,
-        *real_data_args(state.real_data, placeholder=state.records),
+        *real_data_args(real_data, placeholder=state.records),
         num_programs,
         PHASE=int(phase),
         LAYOUT=int(batch.layout),

@@ -25,8 +25,7 @@ Pre launch (before the model forward; ``S = counters[COUNTER_STEP]``):
    record(slot)``: ``VERIFY_POSITION`` if ``r.position != p``; ``VERIFY_CHAIN`` if ``r.chain``
    differs from ``CHAIN_ANCHOR`` (``p == 0``) or from ``derived(record(rt(rp, p - 1)))`` (not
    checked where ``rt(rp, p - 1) == 0``, which reports itself as unmapped; the row then repeats
-   ``r.chain`` as expected); ``VERIFY_REAL_KV`` (real data on, ``r.stamp != S + 1``) if
-   ``r.fingerprint`` differs from the fingerprint of the slot's live bytes; ``VERIFY_TOKEN``
+   ``r.chain`` as expected); ``VERIFY_TOKEN``
    (token history given and ``verify_token``) if ``p < known_len(rp)`` and ``r.token !=
    token_history[rp, p]`` (``known_len(rp) = token_history_lens[rp]`` clipped to the history's
    width, 0 for a row outside it; the row's expected token is the history's where known, else
@@ -56,11 +55,13 @@ equal to the pre launch's ``S`` whenever every forward runs pre then post; the p
 advances ``COUNTER_STEP`` itself and so cannot read it race-free):
 
 1. verify (``POST_VERIFY``) every position ``p`` in ``[0, min(P + n, L))``, same checks as the pre
-   launch, plus: for ``p < P`` ``VERIFY_OVERWRITTEN`` if ``r.stamp == S + 1`` (a prefix slot was
-   rewritten by this forward); for ``p >= P`` ``VERIFY_UNWRITTEN`` if ``r.stamp != S + 1`` (the
-   position this forward wrote maps to a slot it did not write), and instead of checking the
-   fingerprint, real data on and ``r.stamp == S + 1``: ``records[slot][FIELD_FINGERPRINT] =``
-   the fingerprint of the bytes the model just wrote.
+   launch, plus real data (only here: the pre launch does not fold bytes) and: for ``p < P``
+   ``VERIFY_REAL_KV`` (real data on, ``r.stamp != S + 1``) if ``r.fingerprint`` differs from
+   the fingerprint of the slot's live bytes, ``VERIFY_OVERWRITTEN`` if ``r.stamp == S + 1`` (a
+   prefix slot was rewritten by this forward); for ``p >= P`` ``VERIFY_UNWRITTEN`` if ``r.stamp
+   != S + 1`` (the position this forward wrote maps to a slot it did not write), and instead of
+   checking the fingerprint, real data on and ``r.stamp == S + 1``:
+   ``records[slot][FIELD_FINGERPRINT] =`` the fingerprint of the bytes the model just wrote.
 2. ownership, per live row with ``n >= 1`` and ``owner = owner_chains[rp] != 0``, at ``p = P + n
    - 1``: if ``derived(record(rt(rp, p))) != owner``, a ``POST_VERIFY`` row ``VERIFY_OWNER`` with
    slot ``rt(rp, p)``, position ``p``, that record's token, expected token -1, stored chain the
@@ -235,9 +236,9 @@ def _verify_row(
     reasons |= (record.chain != expected_chain) * int(Reason.VERIFY_CHAIN)
     stamped = record.stamp == step + 1
     new = positions >= row.prefix
-    if state.real_data is not None:
+    if state.real_data is not None and phase is _POST:  # real data: after the forward only
         live_bytes = fingerprints(state, slots)
-        checked = ~stamped if phase is _PRE else ~stamped & ~new
+        checked = ~stamped & ~new
         reasons |= (checked & (record.fingerprint != live_bytes)) * int(Reason.VERIFY_REAL_KV)
     expected_token = torch.full_like(positions, NO_EXPECTED_TOKEN)
     if batch.verifies_tokens:
