@@ -29,6 +29,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     COUNTER_VIOLATIONS,
     FIELD_STAMP,
     FIELD_TOKEN_POSITION,
+    ROW_INDEX,
     CheckKind,
     Reason,
     pack_token_position,
@@ -347,7 +348,7 @@ def test_ring_drops_rows_past_the_unconsumed_capacity_and_keeps_counting(impl, d
     batch = sim.decode_batch([1])
     unbounded = clone_state(sim.state, ring_capacity=64)
     canary_impl("reference").launch_pre_forward(state=unbounded, batch=batch)
-    every_row = [Violation(*row) for row in unbounded.ring[:6].tolist()]
+    every_row = [Violation(*row[:ROW_INDEX]) for row in unbounded.ring[:6].tolist()]
     launches.launch_pre_forward(state=sim.state, batch=batch)
     kept = sim.violations()
     assert sim.counters()[COUNTER_VIOLATIONS] == 6
