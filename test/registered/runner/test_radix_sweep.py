@@ -42,6 +42,7 @@ from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
 from sglang.srt.kv_canary.monitor.violations import ViolationRow, find_violation_rows
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
+from sglang.srt.kv_canary.perturb.real_kv_unused_cache import RealKvUnusedCachePerturbation
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.refusals import CanaryUnsupportedError
@@ -259,6 +260,36 @@ def test_the_unused_cache_perturbation_is_caught_by_the_sweep(canary_log) -> Non
         step, position = int(fault["step"]), int(fault["position"])
         assert any(row.position == position and held[row.slot][0] == position
                    and row.step >= step for row in rows), fault.group(0)
+
+
+def test_the_unused_cache_perturbation_flips_one_byte_of_an_unlocked_leaf() -> None:
+    """``real_kv_unused_cache`` picks a slot of a leaf no request holds (``lock_ref == 0``) and
+    names its position in the tree (node depth + offset); locked leaves are never touched."""
+    setup = _Setup(page_size=1, config=_config(sweep_interval=0))
+    setup.populate()
+    held = _cached_slots(setup.tree)
+    leaves = [n for n in _nodes(setup.tree) if not n.children]
+    locked = leaves[0]
+    setup.tree.inc_lock_ref(locked)  # a running request holds this path
+    pool = setup.server.kv_pool
+    views = [b[layer].view(b[layer].shape[0], -1).view(torch.uint8)
+             for layer in (0, pool.layer_num - 1) for b in (pool.k_buffer, pool.v_buffer)]
+    perturbation = RealKvUnusedCachePerturbation(kv_bytes=FingerprintedBytes(kv_pool=pool))
+    chosen = set()
+    for seed in range(12):
+        before = [view.clone() for view in views]
+        fault = perturbation.inject_into_cache(tree_cache=setup.tree, rng=random.Random(seed))
+        changed = [(v != b).nonzero().tolist() for v, b in zip(views, before)]
+        ((slot, _),) = [where for c in changed for where in c]  # exactly one byte
+        assert slot not in locked.value.tolist()
+        assert held[slot][0] == fault.position
+        assert "persistent=1" in fault.detail
+        chosen.add(slot)
+    assert len(chosen) > 1
+    for leaf in leaves:  # every leaf locked: nothing to corrupt
+        if leaf is not locked:
+            setup.tree.inc_lock_ref(leaf)
+    assert perturbation.inject_into_cache(tree_cache=setup.tree, rng=random.Random(0)) is None
 
 
 def test_the_sweep_needs_sglangs_radix_cache() -> None:
