@@ -9,7 +9,6 @@ import logging
 import sys
 
 import pytest
-import torch
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
