@@ -1,6 +1,7 @@
 """The health check: passes while each per-forward kernel's run counter equals the number of
-canary launches the host enqueued (exactly: extra runs fail too), fails loudly (any mode) when one
-differs or when the counter snapshots stop arriving."""
+canary launches the host enqueued and the sweep's run counter the sweep launches it enqueued
+(exactly: extra runs fail too), fails loudly (any mode) when one differs or when the counter
+snapshots stop arriving."""
 
 import sys
 
@@ -19,12 +20,24 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=3, suite="kv-canary-cpu")
 
 
-def _snapshot(*, steps: int, launches: int, pre: int, post: int, write: int) -> CounterSnapshot:
+def _snapshot(
+    *,
+    steps: int,
+    launches: int,
+    pre: int,
+    post: int,
+    write: int,
+    sweep_launches: int = 0,
+    sweep: int = 0,
+) -> CounterSnapshot:
     counters = [0] * NUM_COUNTERS
     counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = pre
     counters[COUNTER_KERNEL_RUNS + CheckKind.POST_VERIFY] = post
     counters[COUNTER_KERNEL_RUNS + CheckKind.WRITE] = write
-    return CounterSnapshot(steps=steps, launches=launches, counters=tuple(counters))
+    counters[COUNTER_KERNEL_RUNS + CheckKind.SWEEP] = sweep
+    return CounterSnapshot(
+        steps=steps, launches=launches, sweep_launches=sweep_launches, counters=tuple(counters)
+    )
 
 
 def test_checks_only_at_the_interval_and_passes_when_kernels_run() -> None:
@@ -34,7 +47,7 @@ def test_checks_only_at_the_interval_and_passes_when_kernels_run() -> None:
     line = checker.check(steps=10, latest=_snapshot(steps=9, launches=8, pre=8, post=8, write=8))
     assert line == (
         f"{HEALTH_OK_PREFIX} steps 0..9: 8 launches, kernel runs pre_verify 8, post_verify 8, "
-        "write 8"
+        "write 8, sweep 0"
     )
     line = checker.check(steps=20, latest=_snapshot(steps=19, launches=18, pre=18, post=18,
                                                     write=18))
@@ -63,6 +76,19 @@ def test_a_stopped_kernel_fails_in_the_next_window(stopped: str) -> None:
     name = {"pre": "pre_verify", "post": "post_verify", "write": "write"}[stopped]
     assert f"({name} differ)" in str(raised.value)
     assert f"{name} 12" in str(raised.value)
+
+
+def test_sweep_runs_must_equal_the_sweep_launches() -> None:
+    """The sweep's run counter is compared with the host's sweep launches, exactly, in both
+    directions (its launches are not per forward: a pass runs only every N steps)."""
+    checker = HealthChecker(every_n_steps=4)
+    line = checker.check(steps=4, latest=_snapshot(steps=3, launches=3, pre=3, post=3, write=3,
+                                                   sweep_launches=2, sweep=2))
+    assert line is not None and line.endswith("write 3, sweep 2")
+    for runs in (1, 3):
+        with pytest.raises(CanaryHealthError, match=r"and 2 sweep launches .*\(sweep differ\)"):
+            checker.check(steps=8, latest=_snapshot(steps=7, launches=7, pre=7, post=7, write=7,
+                                                    sweep_launches=2, sweep=runs))
 
 
 def test_no_launch_needs_no_run() -> None:

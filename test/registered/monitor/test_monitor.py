@@ -1,6 +1,7 @@
 """The host side of violation reporting: counter snapshots are read only once their copy
 completed (never waited for), violations surface one step late, each ring row is reported once,
-ring overflow is reported with the number of dropped rows, raise mode raises with the lines."""
+the host's consumed count frees ring rows for reuse, ring overflow is reported with the number of
+dropped rows, raise mode raises with the lines."""
 
 import logging
 import sys
@@ -9,11 +10,13 @@ import pytest
 import torch
 
 from sglang.jit_kernel.kv_canary.consts import (
+    COUNTER_CONSUMED,
     COUNTER_KERNEL_RUNS,
     COUNTER_VIOLATIONS,
     NUM_COUNTERS,
     RING_ROW_FIELDS,
     ROW_CHECK,
+    ROW_INDEX,
     ROW_POSITION,
     ROW_REASONS,
     ROW_STEP,
@@ -23,7 +26,11 @@ from sglang.jit_kernel.kv_canary.consts import (
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
 from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshotPipe, HostEvent
-from sglang.srt.kv_canary.monitor.violation_reporter import RING_OVERFLOW_PREFIX, ViolationReporter
+from sglang.srt.kv_canary.monitor.violation_reporter import (
+    REPEATS_PREFIX,
+    RING_OVERFLOW_PREFIX,
+    ViolationReporter,
+)
 from sglang.srt.kv_canary.monitor.violations import CanaryViolationError, find_violation_rows
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -53,13 +60,18 @@ class _State:
         self.counters = torch.zeros((NUM_COUNTERS,), dtype=torch.int64)
 
     def add_violation(self, *, position: int, step: int) -> None:
-        """What a kernel does: place a row at the counter, bump the counter."""
+        """What a kernel does: reserve index ``n`` at the counter, store the row (with ``n``) at
+        ``ring[n % capacity]`` while ``n - consumed < capacity``, else drop it; count it."""
         index = int(self.counters[COUNTER_VIOLATIONS])
-        if index < self.ring.shape[0]:
-            self.ring[index, ROW_CHECK] = int(CheckKind.PRE_VERIFY)
-            self.ring[index, ROW_REASONS] = int(Reason.VERIFY_POSITION)
-            self.ring[index, ROW_POSITION] = position
-            self.ring[index, ROW_STEP] = step
+        capacity = self.ring.shape[0]
+        if index - int(self.counters[COUNTER_CONSUMED]) < capacity:
+            row = self.ring[index % capacity]
+            row.zero_()
+            row[ROW_CHECK] = int(CheckKind.PRE_VERIFY)
+            row[ROW_REASONS] = int(Reason.VERIFY_POSITION)
+            row[ROW_POSITION] = position
+            row[ROW_STEP] = step
+            row[ROW_INDEX] = index
         self.counters[COUNTER_VIOLATIONS] += 1
 
 
@@ -70,17 +82,21 @@ def test_pipe_reads_a_copy_only_after_its_event_completed() -> None:
         counters=counters, new_event=lambda: _ManualEvent(recorded), depth=2
     )
     for steps in (1, 2):
-        assert pipe.enqueue(steps=steps, launches=steps)
+        assert pipe.enqueue(steps=steps, launches=steps, sweep_launches=steps - 1)
         counters += 100  # later device work must not leak into a copy already taken
-    assert not pipe.enqueue(steps=3, launches=3)  # both slots in flight: skipped
+    assert not pipe.enqueue(steps=3, launches=3, sweep_launches=2)  # both in flight: skipped
     assert pipe.drain() == []
     recorded[1].done = True  # the newer copy alone is not consumed out of order
     assert pipe.drain() == []
     recorded[0].done = True
     first, second = pipe.drain()
-    assert (first.steps, first.counters) == (1, tuple(range(NUM_COUNTERS)))
-    assert (second.steps, second.counters) == (2, tuple(range(100, 100 + NUM_COUNTERS)))
-    assert pipe.enqueue(steps=4, launches=4)  # slots are free again
+    assert (first.steps, first.sweep_launches, first.counters) == (
+        1, 0, tuple(range(NUM_COUNTERS))
+    )
+    assert (second.steps, second.sweep_launches, second.counters) == (
+        2, 1, tuple(range(100, 100 + NUM_COUNTERS))
+    )
+    assert pipe.enqueue(steps=4, launches=4, sweep_launches=2)  # slots are free again
 
 
 def _monitor(state: _State, *, mode: CanaryMode = CanaryMode.LOG, new_event=HostEvent,
@@ -129,22 +145,71 @@ def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
 
 def test_ring_overflow_reports_kept_rows_and_the_dropped_count(caplog) -> None:
     state = _State(ring_capacity=2)
-    reporter = ViolationReporter(ring=state.ring, mode=CanaryMode.LOG)
+    reporter = ViolationReporter(ring=state.ring, counters=state.counters, mode=CanaryMode.LOG)
     for position in range(5):
         state.add_violation(position=position, step=0)
     reporter.report(violation_count=5)
     assert [r.position for r in find_violation_rows(caplog.text)] == [0, 1]
+    assert int(state.counters[COUNTER_CONSUMED]) == 5  # indices 0..4 handled: the ring is free
     overflow = [m for m in caplog.messages if m.startswith(RING_OVERFLOW_PREFIX)]
     assert overflow == [
-        f"{RING_OVERFLOW_PREFIX} 3 more violation row(s) were dropped (3 dropped in total; the "
-        "ring keeps the first 2 rows, set SGLANG_KV_CANARY_RING_CAPACITY to keep more)"
+        f"{RING_OVERFLOW_PREFIX} 3 violation row(s) were dropped (3 in total): more than 2 rows "
+        "arrived between two reads by the host; set SGLANG_KV_CANARY_RING_CAPACITY to keep more"
     ]
+    assert (reporter.rows_reported, reporter.rows_dropped) == (2, 3)
+    # The ring is reused once consumed (it used to stop after its first `capacity` rows): index 5
+    # lands in ring row 1 and is reported; nothing more is dropped.
     state.add_violation(position=9, step=1)
     reporter.report(violation_count=6)
-    assert f"{RING_OVERFLOW_PREFIX} 1 more violation row(s) were dropped (4 dropped" in caplog.text
+    assert [r.position for r in find_violation_rows(caplog.text)] == [0, 1, 9]
+    assert sum(m.startswith(RING_OVERFLOW_PREFIX) for m in caplog.messages) == 1
     reporter.report(violation_count=6)  # nothing new: nothing more reported
-    assert len(find_violation_rows(caplog.text)) == 2
-    assert sum(m.startswith(RING_OVERFLOW_PREFIX) for m in caplog.messages) == 2
+    assert len(find_violation_rows(caplog.text)) == 3
+    # Three rows between two reads: two fit, the third is dropped and counted.
+    for position in (20, 21, 22):
+        state.add_violation(position=position, step=2)
+    reporter.report(violation_count=9)
+    assert [r.position for r in find_violation_rows(caplog.text)][3:] == [20, 21]
+    assert caplog.messages[-1].startswith(
+        f"{RING_OVERFLOW_PREFIX} 1 violation row(s) were dropped (4 in total)"
+    )
+    assert (reporter.rows_reported, reporter.rows_dropped) == (5, 4)
+    assert int(state.counters[COUNTER_CONSUMED]) == 9
+
+
+def test_a_ring_row_holding_an_older_index_is_not_reported_again(caplog) -> None:
+    """A slot still holding an older row (its index differs) is a dropped row, not a report."""
+    state = _State(ring_capacity=2)
+    reporter = ViolationReporter(ring=state.ring, counters=state.counters, mode=CanaryMode.LOG)
+    state.add_violation(position=1, step=0)
+    state.add_violation(position=2, step=0)
+    reporter.report(violation_count=2)
+    state.counters[COUNTER_VIOLATIONS] += 1  # index 2 reserved but its store never landed
+    reporter.report(violation_count=3)
+    assert [r.position for r in find_violation_rows(caplog.text)] == [1, 2]
+    assert reporter.rows_dropped == 1
+
+
+def test_log_mode_prints_a_persisting_corruption_once_and_summarizes_its_repeats(caplog) -> None:
+    """Log mode: a row whose (check, req_pool_idx, slot, position, reasons) was reported one step
+    earlier is counted, not printed; one that went away and came back is printed again."""
+    state = _State(ring_capacity=8)
+    reporter = ViolationReporter(ring=state.ring, counters=state.counters, mode=CanaryMode.LOG)
+    printed = lambda: [(r.position, r.step) for r in find_violation_rows(caplog.text)]  # noqa: E731
+    for step in range(3):  # the same corruption seen by steps 0, 1, 2
+        state.add_violation(position=5, step=step)
+        reporter.report(violation_count=int(state.counters[COUNTER_VIOLATIONS]))
+    assert printed() == [(5, 0)]
+    repeats = [m for m in caplog.messages if m.startswith(REPEATS_PREFIX)]
+    assert repeats == [
+        f"{REPEATS_PREFIX} 1 row(s) of corruption already reported and still present were not "
+        "printed again (1 suppressed in total)"
+    ]  # the first summary comes at once; later ones at most every REPEAT_SUMMARY_EVERY reports
+    state.add_violation(position=6, step=3)  # a different corruption: printed
+    state.add_violation(position=5, step=5)  # gone at steps 3 and 4, back at 5: printed again
+    reporter.report(violation_count=int(state.counters[COUNTER_VIOLATIONS]))
+    assert printed() == [(5, 0), (6, 3), (5, 5)]
+    assert (reporter.rows_reported, reporter.rows_suppressed, reporter.rows_dropped) == (3, 2, 0)
 
 
 def test_raise_mode_raises_with_the_same_lines(caplog) -> None:
@@ -190,6 +255,7 @@ def test_discarded_copies_are_never_reported(caplog) -> None:
 def test_reporter_rejects_mode_none() -> None:
     with pytest.raises(ValueError, match="log or raise"):
         ViolationReporter(ring=torch.zeros((1, RING_ROW_FIELDS), dtype=torch.int64),
+                          counters=torch.zeros((NUM_COUNTERS,), dtype=torch.int64),
                           mode=CanaryMode.NONE)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from sglang.jit_kernel.kv_canary.consts import (
     COUNTER_ENTRIES,
+    COUNTER_KERNEL_RUNS,
     COUNTER_VIOLATIONS,
     NO_EXPECTED_TOKEN,
     NUM_COUNTERS,
@@ -99,11 +100,13 @@ def test_round_trip_every_check_and_reason(check: CheckKind, reason: Reason) -> 
 def test_reasons_round_trip_including_unknown_bits() -> None:
     every = sum(int(reason) for reason in REASON_LABELS)
     assert parse_reasons(format_reasons(every)) == every
-    assert format_reasons(int(Reason.VERIFY_REAL_KV) | 0x400) == (
-        "verify_real_kv_hash+unknown_bits_0x400"
+    unknown = 1 << max(int(reason) for reason in REASON_LABELS).bit_length()  # 0x1000 today
+    assert not unknown & every
+    assert format_reasons(int(Reason.VERIFY_REAL_KV) | unknown) == (
+        f"verify_real_kv_hash+unknown_bits_0x{unknown:x}"
     )
-    bits = parse_reasons("verify_real_kv_hash+unknown_bits_0x400")
-    assert bits == int(Reason.VERIFY_REAL_KV) | 0x400
+    bits = parse_reasons(f"verify_real_kv_hash+unknown_bits_0x{unknown:x}")
+    assert bits == int(Reason.VERIFY_REAL_KV) | unknown
     with pytest.raises(ValueError, match="unknown violation reason label 'bogus'"):
         parse_reasons("bogus")
 
@@ -135,13 +138,17 @@ def test_stats_line_round_trip() -> None:
     counters[COUNTER_ENTRIES + CheckKind.PRE_VERIFY] = 100
     counters[COUNTER_ENTRIES + CheckKind.POST_VERIFY] = 90
     counters[COUNTER_ENTRIES + CheckKind.WRITE] = 30
-    line = stats_line(CounterSnapshot(steps=40, launches=38, counters=tuple(counters)))
+    counters[COUNTER_KERNEL_RUNS + CheckKind.SWEEP] = 3
+    counters[COUNTER_ENTRIES + CheckKind.SWEEP] = 70
+    line = stats_line(
+        CounterSnapshot(steps=40, launches=38, sweep_launches=3, counters=tuple(counters))
+    )
     assert line == ("KV canary stats: protected 190 tokens (slots verified), 30 slots written, "
-                    "2 violations, 40 steps")
+                    "3 sweeps (70 slots swept), 2 violations, 40 steps")
     match = STATS_LINE_RE.search("[TP0] " + line)
     assert match is not None
-    assert match.groupdict() == {"protected": "190", "written": "30", "violations": "2",
-                                 "steps": "40"}
+    assert match.groupdict() == {"protected": "190", "written": "30", "sweeps": "3",
+                                 "swept": "70", "violations": "2", "steps": "40"}
 
 
 def test_perturb_line_round_trip() -> None:

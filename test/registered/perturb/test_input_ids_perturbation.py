@@ -122,7 +122,7 @@ def test_the_injector_fires_after_the_warm_up_and_logs_the_standard_line(caplog)
     )
     for step in range(4):
         batch = _decode([4, 9])
-        faults = injector.inject(forward_batch=batch, step=step)
+        faults = injector.before_forward(forward_batch=batch, step=step)
         assert len(faults) == (0 if step < 2 else 1)
     lines = [m for m in map(PERTURB_LINE_RE.search, caplog.messages) if m]
     assert [int(m["step"]) for m in lines] == [2, 3]

@@ -10,9 +10,11 @@ import torch
 
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.perturb.injector import FaultInjector
+from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import LiveRow, live_rows
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
 from sglang.srt.kv_canary.perturb.req_to_token import ReqToTokenPerturbation, distinct_positions
+from sglang.srt.kv_canary.runner.device_state import PARTIAL_BYTES_PER_SOURCE
 from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest, SimulatedServer
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -107,28 +109,55 @@ def test_req_to_token_needs_two_rows_with_a_prefix() -> None:
     assert perturbation.inject(forward_batch=batch, rows=rows, rng=random.Random(0)) is None
 
 
-def test_real_kv_used_flips_byte_zero_of_a_live_prefix_slot() -> None:
+def _fingerprinted_bytes(server: SimulatedServer) -> dict[str, torch.Tensor]:
+    """Byte views of K and V of the first and the last layer (what the fingerprint reads)."""
+    pool = server.kv_pool
+    views = {}
+    for layer in sorted({0, pool.layer_num - 1}):
+        for name, buffers in (("K", pool.k_buffer), ("V", pool.v_buffer)):
+            buffer = buffers[layer]
+            views[f"layer_{layer}_{name}"] = buffer.view(buffer.shape[0], -1).view(torch.uint8)
+    return views
+
+
+def test_real_kv_used_flips_one_fingerprinted_byte_of_a_live_prefix_slot() -> None:
+    """One byte of K or V of the first or last layer, at the slot's rotating 16-byte window
+    (the one ``real_data=partial`` reads), XOR 0xFF; nothing else; undone exactly. (It used to
+    flip byte 0 of layer 0's K.)"""
     server, batch = _decoding_server([4, 6])
-    keys = server.kv_pool.k_buffer[0]
-    key_bytes = keys.view(keys.shape[0], -1).view(torch.uint8)
-    before = key_bytes.clone()
-    perturbation = RealKvUsedPerturbation(req_to_token=server.req_to_token_pool.req_to_token,
-                                          layer0_keys=keys)
-    fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch), rng=random.Random(1))
-    changed = (key_bytes != before).nonzero().tolist()
-    slot = int(server.req_to_token_pool.req_to_token[
-        batch.req_pool_indices[fault.row.row], fault.position])
-    assert changed == [[slot, 0]]
-    assert int(key_bytes[slot, 0]) == int(before[slot, 0]) ^ 0xFF
-    assert slot not in batch.out_cache_loc.tolist()
-    fault.undo()
-    assert torch.equal(key_bytes, before)
+    views = _fingerprinted_bytes(server)
+    before = {name: view.clone() for name, view in views.items()}
+    perturbation = RealKvUsedPerturbation(
+        req_to_token=server.req_to_token_pool.req_to_token,
+        kv_bytes=FingerprintedBytes(kv_pool=server.kv_pool),
+    )
+    buffers_hit = set()
+    for seed in range(16):
+        fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
+                                    rng=random.Random(seed))
+        assert fault.position < fault.row.prefix_len
+        slot = int(server.req_to_token_pool.req_to_token[
+            batch.req_pool_indices[fault.row.row], fault.position])
+        assert slot not in batch.out_cache_loc.tolist()
+        changed = {
+            name: (view != before[name]).nonzero().tolist() for name, view in views.items()
+        }
+        changed = {name: where for name, where in changed.items() if where}
+        assert list(changed) == [fault.detail.removeprefix("buffer=")]
+        (name, [[row, byte]]), = changed.items()
+        windows = views[name].shape[1] // PARTIAL_BYTES_PER_SOURCE
+        assert (row, byte) == (slot, (slot % windows) * PARTIAL_BYTES_PER_SOURCE)
+        assert int(views[name][slot, byte]) == int(before[name][slot, byte]) ^ 0xFF
+        buffers_hit.add(name)
+        fault.undo()
+        assert all(torch.equal(views[n], before[n]) for n in views)
+    assert buffers_hit == set(views)  # K and V of both fingerprinted layers get chosen
 
 
 def _injector(*, warmup: int, seed: int, prob: float, server: SimulatedServer) -> FaultInjector:
     return FaultInjector(
         warmup_steps=warmup, seed=seed,
-        perturbations=[(prob, ReqToTokenPerturbation(
+        before_forward=[(prob, ReqToTokenPerturbation(
             req_to_token=server.req_to_token_pool.req_to_token))],
     )
 
@@ -137,8 +166,8 @@ def test_injector_waits_for_the_warmup_and_logs_each_fault(caplog) -> None:
     caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
     server, batch = _decoding_server([5, 9])
     injector = _injector(warmup=3, seed=0, prob=1.0, server=server)
-    assert [injector.inject(forward_batch=batch, step=s) for s in range(3)] == [[], [], []]
-    faults = injector.inject(forward_batch=batch, step=3)
+    assert [injector.before_forward(forward_batch=batch, step=s) for s in range(3)] == [[], [], []]
+    faults = injector.before_forward(forward_batch=batch, step=3)
     assert len(faults) == 1
     match = PERTURB_LINE_RE.search(caplog.messages[-1])
     assert match is not None and match["step"] == "3" and match["fault"] == "req_to_token"
@@ -153,7 +182,7 @@ def test_injector_is_reproducible_and_respects_the_probability() -> None:
         injector = _injector(warmup=0, seed=seed, prob=prob, server=server)
         result = []
         for step in range(40):
-            faults = injector.inject(forward_batch=batch, step=step)
+            faults = injector.before_forward(forward_batch=batch, step=step)
             result.append((faults[0].row.row, faults[0].position) if faults else None)
             for fault in faults:
                 fault.undo()

@@ -27,8 +27,13 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="kv-canary-cpu")
 
-# Canary and oracle on: every hook of the table is needed, so every adapter module is imported.
-_EVERYTHING = {"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"}
+# Canary, oracle and radix sweep on (the padded-row bug not re-injected): every hook of the
+# table is needed, so every adapter module is imported.
+_EVERYTHING = {
+    "SGLANG_KV_CANARY_MODE": "log",
+    "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
+    "SGLANG_KV_CANARY_SWEEP_INTERVAL": "16",
+}
 ADAPTER_MODULES = sorted(
     f"{hooks.__name__}.{info.name}" for info in pkgutil.iter_modules(hooks.__path__)
 )
@@ -38,6 +43,25 @@ def test_every_adapter_module_is_used_by_the_table_and_needed_by_the_full_config
     used = {spec.adapter.partition(":")[0] for spec in HOOK_SPECS}
     assert used == set(ADAPTER_MODULES)
     assert select_hook_specs(parse_config(_EVERYTHING)) == HOOK_SPECS
+
+
+def test_the_scheduler_cache_hook_is_needed_only_with_the_sweep() -> None:
+    """The radix sweep attaches to the scheduler's tree cache; without the sweep that hook is
+    not needed."""
+    target = "sglang.srt.managers.scheduler.Scheduler.init_cache_with_memory_pool"
+    without_sweep = {k: v for k, v in _EVERYTHING.items() if "SWEEP" not in k}
+    assert target in {spec.target for spec in select_hook_specs(parse_config(_EVERYTHING))}
+    assert target not in {spec.target for spec in select_hook_specs(parse_config(without_sweep))}
+
+
+def test_the_padded_row_fix_is_not_needed_while_the_bug_is_reinjected() -> None:
+    target = (
+        "sglang.srt.model_executor.cuda_graph_runner.DecodeInputBuffers."
+        "populate_from_forward_batch"
+    )
+    reinjected = {**_EVERYTHING, "SGLANG_KV_CANARY_REINJECT_PADDED_ROW_BUG": "1"}
+    assert target in {spec.target for spec in select_hook_specs(parse_config(_EVERYTHING))}
+    assert target not in {spec.target for spec in select_hook_specs(parse_config(reinjected))}
 
 
 @pytest.fixture

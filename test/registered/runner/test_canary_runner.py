@@ -44,12 +44,13 @@ from sglang.srt.kv_canary.runner.kernel_inputs import (
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.memory_budget import UPLOAD_STAGING_WORDS, fixed_buffers
 from sglang.srt.kv_canary.runner.model_forward import CanaryModelForward, uninstall_model_forward
-from sglang.srt.kv_canary.selfcheck.scenarios import install_canary_runner
+from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,
     SimulatedRequest,
     SimulatedServer,
     SimulatedServerArgs,
+    SimulatedWorkerBatch,
 )
 from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -103,8 +104,9 @@ def _extend_batch(*, mode: ForwardMode, prefix_lens: list[int], extend_lens: lis
 # ----------------------------------------------------------------------------- batch views
 
 
-def _view(batch: ForwardBatch):
-    return build_batch_view(batch, layout=canary_layout(batch.forward_mode), checks={})
+def _view(batch: ForwardBatch, host_seq_lens: torch.Tensor | None = None):
+    return build_batch_view(batch, layout=canary_layout(batch.forward_mode), checks={},
+                            host_seq_lens=host_seq_lens)
 
 
 def test_decode_view_is_made_of_the_batch_tensors() -> None:
@@ -114,6 +116,19 @@ def test_decode_view_is_made_of_the_batch_tensors() -> None:
     for name in ("req_pool_indices", "seq_lens", "input_ids", "positions", "out_cache_loc"):
         assert getattr(view, name).data_ptr() == getattr(batch, name).data_ptr(), name
     assert view.extend_prefix_lens is None
+    assert view.host_seq_lens is None  # no mirror given: no seq_lens invariant
+
+
+def test_the_views_host_seq_lens_are_the_first_rows_of_the_persistent_mirror() -> None:
+    """The mirror is one persistent buffer (graph replays read each forward's upload); a view
+    takes its first ``bs`` rows, a view of it, never a copy."""
+    mirror = torch.arange(10, 18, dtype=torch.int64)
+    view = _view(_decode_batch(req_pool_indices=[3, 0], seq_lens=[9, 1]), mirror)
+    assert view.host_seq_lens.tolist() == [10, 11]
+    assert view.host_seq_lens.data_ptr() == mirror.data_ptr()
+    padded = _extend_batch(mode=ForwardMode.EXTEND, prefix_lens=[2, 0], extend_lens=[3, 4],
+                           padded_rows=2)
+    assert _view(padded, mirror).host_seq_lens.tolist() == [10, 11]  # the prefix rows only
 
 
 @pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.MIXED])
@@ -143,13 +158,16 @@ def test_idle_has_no_view_and_other_modes_are_refused() -> None:
 
 
 def _server(*, page_size: int = 1, config: CanaryConfig = _LOG, forward=None) -> SimulatedServer:
-    """A simulated server whose forwards go through the ``ModelRunner.forward`` adapter."""
+    """A simulated server whose batches go through the ``ForwardBatch.init_new`` adapters the
+    configuration registers (the per-batch carrier: the seq_lens mirror, owner chains) and whose
+    forwards go through the ``ModelRunner.forward`` adapter."""
 
     def through_hook(batch: ForwardBatch) -> object:
         return around_forward(SimulatedModelRunner.forward, server.runner, batch)
 
     server = SimulatedServer(page_size=page_size, num_pages=32, max_requests=8,
-                             max_context_len=64, forward=forward or through_hook)
+                             max_context_len=64, forward=forward or through_hook,
+                             init_new_hooks=init_new_hooks(config))
     install_canary_runner(model_runner=server.runner, config=config, kernels=_KERNELS)
     return server
 
@@ -269,6 +287,10 @@ def test_faults_are_undone_even_when_the_forward_raises() -> None:
     server.extend([(r, 4) for r in requests])
     before = server.req_to_token_pool.req_to_token.clone()
     batch = _decode_batch(req_pool_indices=[r.req_pool_idx for r in requests], seq_lens=[5, 5])
+    runner_of(server.runner).on_init_new(  # what the ForwardBatch.init_new adapter does
+        forward_batch=batch,
+        worker_batch=SimulatedWorkerBatch(reqs=requests, seq_lens_cpu=batch.seq_lens_cpu),
+    )
 
     def failing_forward(*args):
         assert not torch.equal(server.req_to_token_pool.req_to_token, before)  # injected
@@ -398,11 +420,14 @@ def test_memory_budget_hooks() -> None:
     available = reserve_fixed_bytes(10**9, model_runner, 0)
     expected = fixed_buffers(
         page_size=4, ring_capacity=100, request_rows=8, context_columns=64, token_history=False,
-        write_expectation_tokens=0, graph_rows=0,
+        write_expectation_tokens=0, graph_max_bs=0, graph_request_ids=False,
     )
     assert available == 10**9 - expected.total
-    # padding records, ring, counters, owner chains (8 rows), upload staging
-    assert expected.total == 4 * 32 + 100 * 10 * 8 + 10 * 8 + 8 * 8 + UPLOAD_STAGING_WORDS * 8
+    # padding records, ring (11 fields per row), counters (11), owner chains (8 rows), seq_lens
+    # mirror (8 rows: no graphs), upload staging
+    assert expected.total == (
+        4 * 32 + 100 * 11 * 8 + 11 * 8 + 8 * 8 + 8 * 8 + UPLOAD_STAGING_WORDS * 8
+    )
 
 
 def test_hooks_apply_to_sglang_and_fix_padded_rows_through_the_registry() -> None:

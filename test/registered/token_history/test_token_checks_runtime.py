@@ -138,7 +138,13 @@ def test_the_carrier_holds_histories_only_with_a_token_check(changes, history,
     forward_batch = _real_forward_batch(server, sglang_reqs([[5, 6, 7]]), mode=ForwardMode.EXTEND,
                                         prefix_lens=[0], monkeypatch=monkeypatch)
     inputs = batch_inputs_of(forward_batch)
-    assert (inputs.row_updates is not None) is history
+    # Every live batch carries row updates now (the seq_lens mirror and the owner chains are
+    # always uploaded); the token history rides along only with a token check.
+    updates = inputs.row_updates
+    assert updates is not None
+    assert updates.seq_lens.values.tolist() == forward_batch.seq_lens_cpu.tolist() == [3]
+    assert updates.owners is not None and updates.owners.rows.tolist() == [1]
+    assert (updates.token_history is not None) is history
     assert hasattr(forward_batch, "req_all_ids_flat") is history
 
 
@@ -509,7 +515,10 @@ def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
     assert context_columns_bound(server_args, context_len=4096) == 4103
     assert max_tokens_per_forward(server_args, max_running_requests=64) == 16384
 
-    base = 1 * RECORD_BYTES + NUM_COUNTERS * 8 + 33 * 8 + UPLOAD_STAGING_WORDS * 8
+    # padding record, counters, owner chains (33 rows), the seq_lens mirror (max(33 request
+    # rows, 256 graph rows)), upload staging
+    base = (1 * RECORD_BYTES + NUM_COUNTERS * 8 + 33 * 8 + 256 * 8
+            + UPLOAD_STAGING_WORDS * 8)
     history = 33 * 4103 * 4 + 33 * 8
     write_expectations = 16384 * 2 * 8
     graph_ids = 256 * 2 * 8
@@ -541,6 +550,14 @@ def test_the_reservation_covers_what_is_allocated() -> None:
     for name, size in allocated.items():
         assert 0 < size <= getattr(reserved, name), name
     assert history.tokens.shape[0] == reserved.owner_chains // 8  # the rows bound is exact here
+    # every buffer the runner reports as its own (owner chains, seq_lens mirror, upload staging
+    # included) fits its reservation; the records come from the KV cell size instead
+    owned = runner.device_bytes()
+    assert set(owned) - {"records"} <= set(reserved.__slots__)
+    for name, size in owned.items():
+        if name != "records":
+            assert size <= getattr(reserved, name), name
+    assert owned["records"] == runner.state.num_slots * RECORD_BYTES
 
 
 if __name__ == "__main__":

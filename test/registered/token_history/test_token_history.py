@@ -56,14 +56,21 @@ def test_full_updates_layout() -> None:
     reqs = [_req("a", [1, 2, 3], [4], row=3), _req("b", [], [], row=1), _req("c", [9], [8], row=2)]
     rows = RequestRows(num_rows=6, token_history=True, owner_chains=False, pin_memory=False,
                        incremental=False)
-    updates = rows.prepare(reqs=reqs, prefix_lens=[0, 0, 0], seq_lens=[1, 1, 1])
+    updates = rows.prepare(reqs=reqs, prefix_lens=[0, 0, 0], seq_lens=[4, 1, 2])
+    assert updates.seq_lens.values.tolist() == [4, 1, 2]
+    assert updates.packed[:3].tolist() == [4, 1, 2]  # the seq_lens mirror comes first
     history = updates.token_history
     assert history.req_pool_indices.tolist() == [3, 1, 2]
     assert history.req_all_ids_lens.tolist() == [4, 0, 2]
     assert history.offsets.tolist() == [0, 4, 4, 6]
     assert history.req_all_ids_flat.tolist() == [1, 2, 3, 4, 9, 8]
     assert updates.packed.dtype == torch.int64 and updates.packed.device.type == "cpu"
-    assert updates.packed.shape == (3 * 3 + 1 + 6,)  # one buffer: one host-to-device copy
+    # one buffer (one host-to-device copy): seq_lens (3), then rows, lengths, offsets, tokens
+    assert updates.packed.shape == (3 + 3 * 3 + 1 + 6,)
+    seq_lens, history_view, owners = updates.sections_on(updates.packed.clone())
+    assert seq_lens.values.tolist() == [4, 1, 2]
+    assert history_view.req_all_ids_flat.tolist() == [1, 2, 3, 4, 9, 8]
+    assert owners is None
     assert updates.owners is None
     assert updates.commit_rows == (3, 1, 2) and updates.commit_history_lens == (4, 0, 2)
 
@@ -196,9 +203,11 @@ def test_bad_sizes_are_rejected() -> None:
                      scatter=scatter_req_token_ids_torch_reference)
     with pytest.raises(ValueError, match="num_rows must be >= 1"):
         RequestRows(num_rows=0, token_history=True, owner_chains=False, pin_memory=False)
-    with pytest.raises(ValueError, match="1 requests but 2 prefix lengths"):
-        RequestRows(num_rows=4, token_history=True, owner_chains=False, pin_memory=False).prepare(
-            reqs=[_req("a", [1], [], row=1)], prefix_lens=[0, 0])
+    rows = RequestRows(num_rows=4, token_history=True, owner_chains=False, pin_memory=False)
+    with pytest.raises(ValueError, match="1 requests but 2 prefix lengths and 2 seq_lens"):
+        rows.prepare(reqs=[_req("a", [1], [], row=1)], prefix_lens=[0, 0], seq_lens=[1, 1])
+    with pytest.raises(ValueError, match="1 requests but 1 prefix lengths and 2 seq_lens"):
+        rows.prepare(reqs=[_req("a", [1], [], row=1)], prefix_lens=[0], seq_lens=[1, 1])
 
 
 def test_real_sglang_req_objects() -> None:

@@ -93,7 +93,9 @@ def test_the_lines_the_runtime_writes_are_recognized() -> None:
     for kind in (consts.CheckKind.PRE_VERIFY, consts.CheckKind.POST_VERIFY,
                  consts.CheckKind.WRITE):
         counters[consts.COUNTER_KERNEL_RUNS + kind] = 40
-    snapshot = CounterSnapshot(steps=40, launches=40, counters=tuple(counters))
+    counters[consts.COUNTER_KERNEL_RUNS + consts.CheckKind.SWEEP] = 3
+    counters[consts.COUNTER_ENTRIES + consts.CheckKind.SWEEP] = 90
+    snapshot = CounterSnapshot(steps=40, launches=40, sweep_launches=3, counters=tuple(counters))
     startup = CanaryConfig(mode=CanaryMode.LOG).describe()
     health = HealthChecker(every_n_steps=40).check(steps=40, latest=snapshot)
     log = "".join(f"[2026-01-01 10:00:0{i} TP0] {line}\n" for i, line in enumerate(
@@ -103,10 +105,14 @@ def test_the_lines_the_runtime_writes_are_recognized() -> None:
     assert summary.latest_stats is not None
     assert summary.latest_stats.counts["tokens"] == 500
     assert summary.latest_stats.counts["violations"] == 1
+    assert summary.latest_stats.counts["sweeps"] == 3
     (violation,) = summary.violations
     assert violation.fields["check"] == "post_verify" and violation.counts["slot"] == 77
     assert violation.fields["reasons"] == "verify_chain_hash+verify_position"
-    assert len(summary.notices) == 1 and HEALTH_OK_PREFIX in summary.notices[0]
+    # the health line is recognized as a passed check now (it used to be kept as a notice)
+    (passed,) = summary.health_ok
+    assert passed.message == health and passed.message.startswith(HEALTH_OK_PREFIX)
+    assert summary.notices == ()
 
 
 def test_latest_stats_and_empty_log() -> None:

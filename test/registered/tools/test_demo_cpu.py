@@ -72,12 +72,42 @@ def test_bad_options_are_refused_by_name(argv, fragment, capsys) -> None:
     assert exit_info.value.code == 2 and fragment in capsys.readouterr().err
 
 
-def test_verdict_needs_the_startup_line_and_no_violation(capsys) -> None:
+def _clean_lines(*, protected: int) -> str:
+    """A stats line (``protected`` slot verifications) and a passed health check, formatted by
+    the canary's own modules."""
+    from sglang.jit_kernel.kv_canary import consts
+    from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
+    from sglang.srt.kv_canary.monitor.health import HealthChecker
+    from sglang.srt.kv_canary.monitor.stats import stats_line
+
+    counters = [0] * consts.NUM_COUNTERS
+    counters[consts.COUNTER_ENTRIES + consts.CheckKind.PRE_VERIFY] = protected
+    snapshot = CounterSnapshot(steps=8, launches=0, sweep_launches=0, counters=tuple(counters))
+    health = HealthChecker(every_n_steps=8).check(steps=8, latest=snapshot)
+    return f"[t TP0] {stats_line(snapshot)}\n[t TP0] {health}\n"
+
+
+def test_verdict_needs_the_startup_line_verified_slots_a_passed_health_check_and_no_violation(
+    capsys,
+) -> None:
+    """Success needs proof the canary checked something: a stats line with slots verified and a
+    passed health check (a start-up line and no violation used to be enough)."""
     startup = "[t TP0] KV canary enabled: mode=log token_oracle=on\n"
-    assert demo.report(parse_canary_log(startup + "KV canary stats: violations=0\n")) == 0
-    assert "RESULT: no violation" in capsys.readouterr().out
+    assert demo.report(parse_canary_log(startup + _clean_lines(protected=120))) == demo.EXIT_CLEAN
+    assert "RESULT: no violation (120 slot verifications, 1 health checks passed)" in (
+        capsys.readouterr().out
+    )
+    for log in (
+        startup + "KV canary stats: violations=0\n",  # no slot verified, no health check
+        startup + _clean_lines(protected=0),  # the health check passed but nothing was verified
+        startup + _clean_lines(protected=120).splitlines(keepends=True)[0],  # no health check
+    ):
+        assert demo.report(parse_canary_log(log)) == demo.EXIT_VIOLATIONS
+        assert "RESULT: no proof the canary checked anything" in capsys.readouterr().out
     violation = "kv_canary violation: check=post_verify slot_idx=3\n"
-    assert demo.report(parse_canary_log(startup + violation)) == demo.EXIT_VIOLATIONS
+    assert demo.report(parse_canary_log(startup + _clean_lines(protected=120) + violation)) == (
+        demo.EXIT_VIOLATIONS
+    )
     assert "RESULT: 1 violation(s)" in capsys.readouterr().out
     assert demo.report(parse_canary_log("nothing here\n")) == demo.EXIT_VIOLATIONS
     assert "the canary did not start" in capsys.readouterr().out

@@ -1,0 +1,161 @@
+"""The seq_lens mirror through the real runner: the scheduler's ``seq_lens_cpu`` travels with the
+batch's carrier (``ForwardBatch.init_new``), is uploaded into the runner's persistent mirror
+before the forward, and the pre launch compares it with the device ``seq_lens`` the forward
+uses. A ForwardBatch whose device ``seq_lens`` differs from ``seq_lens_cpu`` is reported with
+``verify_seq_lens`` for that row (slot 0, position = the device value, stored / expected chain =
+device / host value); rows that agree, padded graph rows and clean forwards report nothing."""
+
+import logging
+import sys
+
+import pytest
+
+from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
+from sglang.srt.kv_canary.hooks.model_runner import around_forward
+from sglang.srt.kv_canary.monitor.violations import find_violation_rows
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.selfcheck.simulation import (
+    SimulatedModelRunner,
+    SimulatedRequest,
+    SimulatedServer,
+)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=10, suite="kv-canary-cpu")
+
+_CONFIG = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL)
+
+
+class _Drift:
+    """Before the forward with index ``step``, add ``delta`` to the device ``seq_lens`` of batch
+    row ``row`` (after the init_new hooks took ``seq_lens_cpu``); nothing else changes."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.row = 0
+        self.delta = 0
+        self.host: list[int] = []
+        self.device: list[int] = []
+
+    def apply(self, batch: ForwardBatch, *, step: int) -> None:
+        if step != self.step:
+            return
+        batch.seq_lens[self.row] += self.delta
+        self.host = batch.seq_lens_cpu.tolist()
+        self.device = batch.seq_lens.tolist()
+
+
+def _server(caplog, drift: _Drift) -> tuple[SimulatedServer, object]:
+    caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
+
+    def forward(batch: ForwardBatch) -> object:
+        drift.apply(batch, step=server.forwards)
+        return around_forward(SimulatedModelRunner.forward, server.runner, batch)
+
+    server = SimulatedServer(page_size=1, num_pages=64, max_requests=6, max_context_len=32,
+                             forward=forward, init_new_hooks=init_new_hooks(_CONFIG))
+    runner = install_canary_runner(model_runner=server.runner, config=_CONFIG,
+                                   kernels=load_kernels(KernelBackend.TORCH_REFERENCE))
+    return server, runner
+
+
+def _requests(server: SimulatedServer, prompts: list[int]) -> list[SimulatedRequest]:
+    requests = [SimulatedRequest(rid=f"r{i}", prompt=list(range(10 * i + 1, 10 * i + 1 + n)),
+                                 max_new_tokens=20) for i, n in enumerate(prompts)]
+    for request in requests:
+        server.admit(request)
+    return requests
+
+
+def _rows(caplog, runner):
+    runner.on_idle()  # report the last forward's rows
+    return find_violation_rows(caplog.text)
+
+
+def test_an_extend_batch_whose_device_seq_lens_drifted_is_reported(caplog) -> None:
+    drift = _Drift()
+    server, runner = _server(caplog, drift)
+    requests = _requests(server, [5, 3, 4])
+    server.extend([(r, 2) for r in requests])  # chunked: two tokens each
+    assert _rows(caplog, runner) == []
+    drift.step, drift.row, drift.delta = server.forwards, 1, 2
+    server.extend([(r, len(r.prompt) - 2) for r in requests])
+    assert drift.host == [5, 3, 4] and drift.device == [5, 5, 4]
+    (row,) = _rows(caplog, runner)  # the extend layout reads extend_prefix_lens: nothing else
+    assert (row.check, row.reasons, row.req_pool_idx, row.slot, row.position, row.step) == (
+        CheckKind.PRE_VERIFY, int(Reason.VERIFY_SEQ_LENS), requests[1].req_pool_idx, 0, 5,
+        drift.step,
+    )
+    assert (row.stored_token, row.expected_token) == (-1, -1)
+    assert (row.stored_chain, row.expected_chain) == (5, 3)  # device value, host mirror
+
+
+def test_a_decode_batch_whose_device_seq_lens_lags_is_reported_for_that_row(caplog) -> None:
+    drift = _Drift()
+    server, runner = _server(caplog, drift)
+    requests = _requests(server, [5, 3, 4])
+    server.extend([(r, len(r.prompt)) for r in requests])
+    server.decode(requests)
+    server.decode(requests[:1], padded_rows=3)  # padded rows: the mirror's rows 1.. are stale
+    assert _rows(caplog, runner) == []
+    drift.step, drift.row, drift.delta = server.forwards, 2, -1
+    server.decode(requests)
+    assert drift.host == [8, 5, 6] and drift.device == [8, 5, 5]
+    rows = _rows(caplog, runner)
+    lagging = requests[2].req_pool_idx
+    assert {row.req_pool_idx for row in rows} == {lagging}  # the other rows agree: silent
+    seq_lens_rows = [row for row in rows if row.reasons & Reason.VERIFY_SEQ_LENS]
+    assert [(r.check, r.reasons, r.slot, r.position, r.stored_chain, r.expected_chain, r.step)
+            for r in seq_lens_rows] == [
+        (CheckKind.PRE_VERIFY, int(Reason.VERIFY_SEQ_LENS), 0, 5, 5, 6, drift.step)
+    ]
+    # the other rows of that forward come from the shifted prefix (the decode row's position
+    # no longer matches the length the device uses)
+    assert all(row.step == drift.step == 3 for row in rows)
+
+
+def test_the_mirror_holds_the_scheduler_values_of_the_last_forward(caplog) -> None:
+    server, runner = _server(caplog, _Drift())
+    requests = _requests(server, [5, 3])
+    server.extend([(r, len(r.prompt)) for r in requests])
+    server.decode(requests)
+    mirror = runner._host_seq_lens  # the runner's persistent device buffer
+    assert mirror[:2].tolist() == [6, 4]
+    server.decode(requests[1:], padded_rows=2)
+    assert mirror[:2].tolist() == [5, 4]  # live rows overwritten; the rest left as it was
+    assert runner._host_seq_lens is mirror  # never reallocated: captured graphs keep reading it
+    assert _rows(caplog, runner) == []
+
+
+def test_every_live_mode_carries_the_seq_lens_section(caplog) -> None:
+    """The carrier of every EXTEND, MIXED and DECODE batch holds ``seq_lens_cpu``."""
+    seen: list[tuple[ForwardMode, list[int], list[int]]] = []
+    server, runner = _server(caplog, _Drift())
+    original = server.forward
+
+    def recording(batch: ForwardBatch) -> object:
+        from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
+
+        updates = batch_inputs_of(batch).row_updates
+        seen.append((batch.forward_mode, updates.seq_lens.values.tolist(),
+                     batch.seq_lens_cpu.tolist()))
+        return original(batch)
+
+    server.forward = recording
+    first, second = _requests(server, [6, 3])
+    server.extend([(first, 4)])
+    server.extend([(first, 2)], decoding=[])
+    server.extend([(second, 3)], decoding=[first])
+    server.decode([first, second])
+    assert [mode for mode, _, _ in seen] == [
+        ForwardMode.EXTEND, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.DECODE
+    ]
+    assert all(uploaded == host for _, uploaded, host in seen)
+    assert _rows(caplog, runner) == []
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
