@@ -4,8 +4,9 @@ with the torch reference kernels on the self-check's simulated server (SGLang's 
 One cached prefix slot's K/V byte is flipped and stays flipped while requests of the same prompt
 keep reusing that cached prefix (same request row, same slot, same position) for more than 5000
 forwards; midway one forward carries a burst of extra rows that overflows the ring; then a
-second, different slot is corrupted. In log mode each corruption is printed once (pre and post
-check), the burst's stored rows are printed and its dropped rows reported in one overflow line,
+second, different slot is corrupted. In log mode each corruption is printed once (by the post
+check: real data is verified after the forward), the burst's stored rows are printed and its
+dropped rows reported in one overflow line,
 the repeats are summarized (not printed), the health check keeps passing, and every violation
 the kernels produced is accounted for exactly: rows reported + suppressed + dropped ==
 ``counters[COUNTER_VIOLATIONS]``.
@@ -50,8 +51,8 @@ register_cpu_ci(est_time=20, suite="kv-canary-cpu")
 _PROMPT = list(range(100, 116))  # 16 tokens: later requests reuse the first 15 from the cache
 _FIRST_FAULT_POSITION = 1
 _SECOND_FAULT_POSITION = 2
-_BURST_POSITIONS = range(3, 8)  # 5 slots: 6 pre rows, then the post rows overflow the ring
-_RING_CAPACITY = 8
+_BURST_POSITIONS = range(3, 8)  # 5 slots: with the first fault's row, 6 rows overflow the ring
+_RING_CAPACITY = 4
 _PERSISTENT_FORWARDS = 5000
 _BURST_STEP = 2500
 _REPEAT_LINE = re.compile(
@@ -142,26 +143,23 @@ def test_a_persistent_fault_is_printed_once_and_a_second_fault_still_shows(canar
     steps = server.forwards
     assert server.req_to_token_pool.req_to_token[row].tolist()[:15] == slot_of[:15]  # reused
 
-    # what the kernels produced: both faulted slots verified by both checks of every forward
-    # that read them, plus the burst's five extra slots (pre and post) at one forward
+    # what the kernels produced: both faulted slots verified by the post check of every forward
+    # that read them, plus the burst's five extra slots at one forward
     produced = int(runner.state.counters[COUNTER_VIOLATIONS])
     second_fault_forwards = steps - second_fault_step
     assert second_fault_step - 1 >= _PERSISTENT_FORWARDS  # steps 1.. read the first fault alone
-    assert produced == 2 * (steps - 1) + 2 * len(_BURST_POSITIONS) + 2 * second_fault_forwards
+    assert produced == (steps - 1) + len(_BURST_POSITIONS) + second_fault_forwards
 
     # printed: each corruption once per check, where it first showed; nothing else
-    pre, post = CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY
+    post = CheckKind.POST_VERIFY
     printed = find_violation_rows("\n".join(canary_log.messages))
     assert all(r.reasons == int(Reason.VERIFY_REAL_KV) and r.req_pool_idx == row
                for r in printed)
     assert [(r.check, r.position, r.step) for r in printed] == [
-        (pre, _FIRST_FAULT_POSITION, 1),
         (post, _FIRST_FAULT_POSITION, 1),
-        # the burst: 1 + 5 pre rows and 1 + 1 post rows fit the ring of 8 (the first fault's
-        # rows are repeats, not printed); the last 4 post rows are dropped
-        *[(pre, p, _BURST_STEP) for p in _BURST_POSITIONS],
-        (post, _BURST_POSITIONS[0], _BURST_STEP),
-        (pre, _SECOND_FAULT_POSITION, second_fault_step),
+        # the burst: the first fault's row (a repeat, not printed) and 3 burst rows fit the
+        # ring of 4; the last 2 burst rows are dropped
+        *[(post, p, _BURST_STEP) for p in _BURST_POSITIONS[:3]],
         (post, _SECOND_FAULT_POSITION, second_fault_step),
     ]
     assert {r.slot for r in printed if r.position == _FIRST_FAULT_POSITION} == {
@@ -170,7 +168,7 @@ def test_a_persistent_fault_is_printed_once_and_a_second_fault_still_shows(canar
 
     overflow = [m for m in canary_log.messages if m.startswith(RING_OVERFLOW_PREFIX)]
     assert overflow == [
-        f"{RING_OVERFLOW_PREFIX} 4 violation row(s) were dropped (4 in total): more than "
+        f"{RING_OVERFLOW_PREFIX} 2 violation row(s) were dropped (2 in total): more than "
         f"{_RING_CAPACITY} rows arrived between two reads by the host; set "
         "SGLANG_KV_CANARY_RING_CAPACITY to keep more"
     ]
@@ -182,23 +180,23 @@ def test_a_persistent_fault_is_printed_once_and_a_second_fault_still_shows(canar
     assert all(summaries)
     counts = [int(m[1]) for m in summaries]
     totals = [int(m[2]) for m in summaries]
-    assert counts[0] == totals[0] == 2  # the first fault's two rows of step 2
+    assert counts[0] == totals[0] == 1  # the first fault's row of step 2
     assert totals == [sum(counts[: i + 1]) for i in range(len(counts))]
     assert len(summaries) <= steps // REPEAT_SUMMARY_EVERY + 1
 
     # exact accounting: every violation index was printed, suppressed or dropped
     reporter = runner.monitor._reporter  # the monitor's reporter (no public accessor)
-    assert reporter.rows_reported == len(printed) == 10
-    assert reporter.rows_dropped == 4
+    assert reporter.rows_reported == len(printed) == 5
+    assert reporter.rows_dropped == 2
     assert reporter.rows_reported + reporter.rows_suppressed + reporter.rows_dropped == produced
-    assert totals[-1] <= reporter.rows_suppressed < totals[-1] + 2 * 4 * REPEAT_SUMMARY_EVERY
+    assert totals[-1] <= reporter.rows_suppressed < totals[-1] + 2 * REPEAT_SUMMARY_EVERY
     assert int(runner.state.counters[COUNTER_CONSUMED]) == produced  # the whole ring is free
 
     # a bounded log: 5000 forwards of corruption are a few dozen warning lines, and the
     # canary stayed healthy throughout
     warnings = [r for r in canary_log.records if r.levelno >= logging.WARNING]
     assert len(warnings) == len(printed) + len(overflow) + len(summaries) < 100
-    assert sum(VIOLATION_LINE_PREFIX in r.getMessage() for r in warnings) == 10
+    assert sum(VIOLATION_LINE_PREFIX in r.getMessage() for r in warnings) == 5
     assert sum(m.startswith(HEALTH_OK_PREFIX) for m in canary_log.messages) == steps // 64
 
 

@@ -76,6 +76,9 @@ class CanaryMonitor:
             logger.info(stats_line(self._latest))
 
     def discard_pending(self) -> None:
-        """Forget the counter copies in flight (the device counters were just reset)."""
+        """Forget the counter copies in flight and the violations handled so far (the device
+        counters were just reset: violation indices start again at 0)."""
         self._pipe.discard()
         self._latest = ZERO_SNAPSHOT
+        self._last_periodic_step = 0
+        self._reporter.restart()

@@ -65,6 +65,11 @@ class ViolationReporter:
         self.rows_suppressed = 0
         self.rows_dropped = 0
 
+    def restart(self) -> None:
+        """The device counters were reset: violation indices start again at 0."""
+        self._handled = 0
+        self._last_step.clear()
+
     def report(self, *, violation_count: int) -> None:
         """Handle the violation indices ``[handled, violation_count)``.
 
