@@ -12,7 +12,7 @@ SGLang event                    method
 ==============================  ==========================================================
 ModelRunner.initialize (start)  :func:`create_canary_runner` (hooks in place, refusals,
                                 oracle and its sampler factory)
-KV budget profiling             :meth:`~CanaryRunner.fixed_bytes_bound`
+KV budget profiling             :meth:`~CanaryRunner.reserve_fixed_bytes`
 KV pool created                 :meth:`~CanaryRunner.on_memory_pool`
 graph capture                   :meth:`~CanaryRunner.on_capture_start`,
                                 :meth:`~CanaryRunner.capture_decode_graph`,
@@ -25,6 +25,7 @@ model.forward                   :meth:`~CanaryRunner.launch_before_model`,
                                 :meth:`~CanaryRunner.launch_after_model` (captured in graphs)
 graph replay                    :meth:`~CanaryRunner.on_decode_replay`,
                                 :meth:`~CanaryRunner.on_draft_replay`
+scheduler prefix cache built    :meth:`~CanaryRunner.attach_radix_cache` (radix sweep)
 scheduler idle                  :meth:`~CanaryRunner.on_idle`
 sampling / EAGLE verification   :meth:`~CanaryRunner.make_sampler`,
                                 :meth:`~CanaryRunner.sample_eagle_verify`
@@ -94,6 +95,7 @@ from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.request_ids import (
     RID_PAD_VALUE,
     ROOM_PAD_VALUE,
+    request_ids_of,
     request_ids_to_tensors,
 )
 from sglang.srt.kv_canary.token_oracle.sampler import (
@@ -705,17 +707,13 @@ class CanaryRunner:
                 "captured without the request-id buffers (its capture did not go through the "
                 "hooked capture_one_batch_size)"
             )
-        inputs = batch_inputs_of(forward_batch)
-        if inputs is None or inputs.rids_int is None:
-            from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of
-
-            request_ids_of(forward_batch)  # raises MissingRequestIdsError naming the variable
-        if inputs.rids_int.shape[0] != forward_batch.batch_size:
+        rids_int, rooms = request_ids_of(forward_batch)  # MissingRequestIdsError names the knob
+        if rids_int.shape[0] != forward_batch.batch_size:
             raise ValueError(
-                f"KV canary request ids: {inputs.rids_int.shape[0]} ids for a replayed batch of "
+                f"KV canary request ids: {rids_int.shape[0]} ids for a replayed batch of "
                 f"{forward_batch.batch_size} rows"
             )
-        buffers.fill(rids_int=inputs.rids_int, bootstrap_room_ids_int=inputs.bootstrap_room_ids_int)
+        buffers.fill(rids_int=rids_int, bootstrap_room_ids_int=rooms)
 
     def _installed_line(self) -> str:
         state = self.state
