@@ -20,7 +20,6 @@ import pytest
 from _workloads import (
     PERTURB,
     assert_clean_canary_log,
-    assert_every_fault_caught,
     concurrent_traffic,
     faults_and_rows,
     request,
