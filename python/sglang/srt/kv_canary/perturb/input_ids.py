@@ -48,6 +48,23 @@ def new_token_ranges(forward_batch: ForwardBatch, rows: list[LiveRow]) -> list[t
     return [(starts[row.row], counts[row.row]) for row in rows]
 
 
+def pick_new_token(
+    forward_batch: ForwardBatch, rows: list[LiveRow], rng: random.Random
+) -> tuple[LiveRow, int, int] | None:
+    """A uniformly chosen row with new tokens, then one of its new tokens: ``(row, offset among
+    the row's new tokens, index in input_ids)``; None when no row writes a token."""
+    candidates = [
+        (row, first, count)
+        for row, (first, count) in zip(rows, new_token_ranges(forward_batch, rows))
+        if count > 0
+    ]
+    if not candidates:
+        return None
+    row, first, count = rng.choice(candidates)
+    offset = rng.randrange(count)
+    return row, offset, first + offset
+
+
 class InputIdsPerturbation:
     """Shifts one new input token of one live row by a seeded non-zero delta, for one forward."""
 
@@ -61,17 +78,11 @@ class InputIdsPerturbation:
     def inject(
         self, *, forward_batch: ForwardBatch, rows: list[LiveRow], rng: random.Random
     ) -> InjectedFault | None:
-        candidates = [
-            (row, first, count)
-            for row, (first, count) in zip(rows, new_token_ranges(forward_batch, rows))
-            if count > 0
-        ]
-        if not candidates:
+        picked = pick_new_token(forward_batch, rows, rng)
+        if picked is None:
             return None
-        row, first, count = rng.choice(candidates)
-        offset = rng.randrange(count)
+        row, offset, token_index = picked
         delta = rng.randrange(1, self._vocab_size)
-        token_index = first + offset
         token = forward_batch.input_ids[token_index : token_index + 1]  # a view
         saved = token.clone()
         token.add_(delta).remainder_(self._vocab_size)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from sglang.srt.kv_canary.perturb.fault import InjectedFault
-from sglang.srt.kv_canary.perturb.input_ids import new_token_ranges
+from sglang.srt.kv_canary.perturb.input_ids import pick_new_token
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import LiveRow
 
@@ -31,16 +31,10 @@ class RealKvPostForwardPerturbation:
     def inject(
         self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
     ) -> InjectedFault | None:
-        candidates = [
-            (row, first, count)
-            for row, (first, count) in zip(rows, new_token_ranges(forward_batch, rows))
-            if count > 0
-        ]
-        if not candidates:
+        picked = pick_new_token(forward_batch, rows, rng)
+        if picked is None:
             return None
-        row, first, count = rng.choice(candidates)
-        offset = rng.randrange(count)
-        token_index = first + offset
+        row, offset, token_index = picked
         slot = forward_batch.out_cache_loc[token_index : token_index + 1]
         name, _ = self._kv_bytes.flip(slot=slot, rng=rng)
         return InjectedFault(
