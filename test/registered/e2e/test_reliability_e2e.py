@@ -92,7 +92,10 @@ def test_an_invalid_client_bootstrap_room_does_not_take_the_server_down(canary_s
     after = server.generate(request("after", tokens(random.Random(10), 20), 8))
     assert after["meta_info"]["completion_tokens"] == 8
     assert server.returncode is None
-    assert "Traceback" not in server.log_text()
+    # SGLang's own start-up warning (no openai_harmony in the GPU bundle) is not the request's
+    tracebacks = [line for line in server.log_text().splitlines() if "Traceback" in line
+                  and "Can not initialize OpenAIServingResponses" not in line]
+    assert tracebacks == []
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""mix64, chain_term, chain_after and the slot fingerprint: scalar reference == torch, bit for bit
-(the Triton forms are pinned against the same references in ``test_canary_triton_helpers.py``).
+"""mix64, chain_term, chain_after and the slot fingerprint: scalar reference == torch (and the host's
+numpy ``chain_after``), bit for bit (the Triton forms are pinned against the same references in ``test_canary_triton_helpers.py``).
 
 The values are part of the record format (a prefill server and a decode server must agree on
 them), so a few are also pinned as literals.
@@ -8,11 +8,13 @@ them), so a few are also pinned as literals.
 import random
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from sglang.jit_kernel.kv_canary.consts import CHAIN_ANCHOR, TOKEN_MASK
 from sglang.jit_kernel.kv_canary.hashing import (
+    chain_after_numpy,
     chain_after_scalar,
     chain_after_torch,
     chain_before_torch,
@@ -80,6 +82,16 @@ def test_torch_forms_match_the_scalar_reference():
             fingerprint_scalar(words=[(source, c, w) for c, w in enumerate(row)])
             for row in words.tolist()
         )
+
+
+@pytest.mark.parametrize("count", [0, 1, 11, 3000])
+def test_numpy_chain_after_matches_the_scalar_reference(count):
+    tokens = random_values(max(count, len(EDGE_VALUES)), seed=count)[:count]
+    assert chain_after_numpy(np.array(tokens, dtype=np.int64)) == chain_after_scalar(
+        tokens=tokens
+    )
+    with pytest.raises(TypeError, match="1-D int64"):
+        chain_after_numpy(np.zeros(3, dtype=np.int32))
 
 
 def test_chain_forms_use_the_low_32_bits_of_tokens():

@@ -66,7 +66,10 @@ def _hash_kernel(
 
 def _sources(device):
     generator = torch.Generator().manual_seed(7)
-    shapes = ((20, 4), (24, 6), (20, 37), (16, 2))
+    # No 2-word source: in this one-block test kernel Triton 3.6 fails to lay out the constant
+    # window of a 2-word row on a GPU ('arith.select' shape mismatch); the forward kernels, whose
+    # tests use 2-word sources, compile and pass on a GPU.
+    shapes = ((20, 4), (24, 6), (20, 37), (16, 5))
     sources = []
     for rows, words in shapes:
         wide = torch.randint(-(1 << 63), (1 << 63) - 1, (rows, words + 3), generator=generator,

@@ -120,6 +120,7 @@ class _Harness:
             forward_mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=_i64(ids),
             req_pool_indices=_i64([r.req_pool_idx for r in reqs]), seq_lens=_i64(lens),
             out_cache_loc=_i64(slots), seq_lens_sum=sum(lens), positions=_i64(positions),
+            seq_lens_cpu=torch.tensor(lens, dtype=torch.int64),
             extend_prefix_lens=torch.zeros(len(reqs), dtype=torch.int32, device=_DEVICE),
             extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=_DEVICE),
             extend_start_loc=torch.tensor(starts, dtype=torch.int32, device=_DEVICE),
@@ -242,7 +243,10 @@ def test_a_wrong_token_consumed_in_a_replayed_graph_is_caught(write_input: bool)
     assert rows and all(r.position == fault_position and r.req_pool_idx == 1 for r in rows)
     assert all(r.reasons & ~int(Reason.WRITE_TOKEN | Reason.VERIFY_TOKEN) == 0 for r in rows)
     verify = [r for r in rows if r.check in (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY)]
-    assert len(verify) == 4  # pre and post of both later replays
+    # the faulty replay's post verify (it covers the token just written) and pre and post of
+    # both later replays
+    assert [r.check for r in verify] == [CheckKind.POST_VERIFY] + [
+        CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY] * 2
     assert all(r.reasons == Reason.VERIFY_TOKEN and r.expected_token == right for r in verify)
     write = [r for r in rows if r.check == CheckKind.WRITE]
     if write_input:

@@ -16,6 +16,7 @@ interpret_kernels_without_cuda()
 
 from _history_schedule import FakeReq, SimulatedSchedule, SyncedHistory  # noqa: E402
 
+from sglang.jit_kernel.kv_canary.hashing import chain_after_scalar  # noqa: E402
 from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req_token_ids_kernel  # noqa: E402
 from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (  # noqa: E402
     scatter_req_token_ids_torch_reference,
@@ -73,6 +74,28 @@ def test_full_updates_layout() -> None:
     assert owners is None
     assert updates.owners is None
     assert updates.commit_rows == (3, 1, 2) and updates.commit_history_lens == (4, 0, 2)
+
+
+@pytest.mark.parametrize("token_history", [True, False], ids=["with-history", "chains-only"])
+def test_new_owners_get_the_chain_of_their_own_tokens(token_history: bool) -> None:
+    a, b = _req("a", [1, 2, 3], [4], row=3), _req("b", [7, 8], [], row=1)
+    rows = RequestRows(num_rows=6, token_history=token_history, owner_chains=True,
+                       pin_memory=False)
+    first = rows.prepare(reqs=[a, b], prefix_lens=[4, 0], seq_lens=[5, 2])
+    assert first.owners.rows.tolist() == [3, 1]
+    assert first.owners.values.tolist() == [chain_after_scalar(tokens=[1, 2, 3, 4]),
+                                            chain_after_scalar(tokens=[])]
+    rows.commit(first)
+    a.output_ids.append(5)
+    c = _req("c", [9, 10, 11 + (1 << 40)], [], row=2)  # a token id above 32 bits
+    second = rows.prepare(reqs=[a, c, b], prefix_lens=[5, 2, 2], seq_lens=[6, 3, 2])
+    assert second.owners.rows.tolist() == [2]  # only the new owner
+    assert second.owners.values.tolist() == [chain_after_scalar(tokens=[9, 10])]
+    if token_history:  # a's tail, c's whole history, b's (empty) tail, in row order
+        assert second.token_history.req_all_ids_flat.tolist() == [5, 9, 10, 11 + (1 << 40)]
+        assert second.token_history.offsets.tolist() == [0, 1, 4, 4]
+    else:
+        assert second.token_history is None
 
 
 def test_empty_batch_updates_and_upload() -> None:
