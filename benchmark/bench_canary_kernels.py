@@ -4,13 +4,17 @@ torch reference.
 Scenarios: decode batches of 1 and 64 rows with 1k / 8k-token prefixes, decode 1 x 32k, an 8k
 prefill chunk (prefix 0 and 8k), and a prefill of 64 rows x 512 tokens; each with real-data
 fingerprints off / partial (16 bytes per source) / all, over four sources shaped like K and V of
-a first and a last layer (8 heads x 128 dims of bf16: 2 KiB per row). Per launch (pre, post):
+a first and a last layer (8 heads x 128 dims of bf16: 2 KiB per row), and ``partial+tokens``:
+partial plus every check the server's "all checks" configuration gives the kernels (the token
+history with verify-token, the write-input expectations, the host seq_lens mirror). Per launch
+(pre, post):
 
 - ``eager``: device time between CUDA events around one launch from Python (the host's launch
   cost shows where it exceeds the kernel's);
 - ``graph``: the launch captured 20 times in one CUDA graph, replayed, per launch;
 - ``bound``: bytes the launch must touch / measured device-to-device copy bandwidth;
-- ``ref``: the torch reference (host loops; one timed call after a warm-up);
+- ``ref``: the torch reference (host loops; one timed call after a warm-up; ``--no-reference``
+  skips it, which brings a run under a few minutes);
 
 and the ratios ``graph / bound`` and ``ref / graph``. The sweep kernel is timed for 1M entries.
 The floor of a launch (an empty Triton kernel, eager and replayed) is printed for scale. Timers
@@ -21,12 +25,14 @@ on, each row's owner chain has been advanced past what its prefix chains to, so 
 reports one owner row per row (one atomic per write item; the ring is small, so the rows are
 counted, not stored). Post launches are timed on a consistent state and must report nothing.
 
-Usage: ``python benchmark/bench_canary_kernels.py`` (needs CUDA; more than five minutes on an
-H200, most of it in the torch references).
+Usage: ``python benchmark/bench_canary_kernels.py [--no-reference]`` (needs CUDA; more than five
+minutes on an H200 with the references, most of it in them).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,12 +87,14 @@ DEVICE = "cuda"
 KV_HEADS, HEAD_DIM = 8, 128
 ROW_WORDS = KV_HEADS * HEAD_DIM * 2 // 8  # 2 KiB of bf16 per source row
 NUM_SOURCES = 4  # K, V of the first layer; K, V of the last layer
-REAL_DATA_MODES = ("none", "partial", "all")
+MODES = ("none", "partial", "partial+tokens", "all")  # real data [+ the token checks]
 RING_CAPACITY = 1024
 GRAPH_LAUNCHES = 20
 REQ_TO_TOKEN_BYTES = 4
 RECORD_BYTES = RECORD_FIELDS * 8
 TOKEN_INPUT_BYTES = 3 * 8  # input_ids, positions, out_cache_loc
+HISTORY_BYTES = 4  # the int32 token-history entry a verify-token check reads per slot
+EXPECTED_INPUT_BYTES = 8  # the int64 expected input id of each new token
 SWEEP_ENTRIES = 1 << 20
 
 
@@ -126,6 +134,7 @@ class Pool:
     batch: CanaryBatchView
     req_to_token: torch.Tensor
     records: torch.Tensor  # prefix records, fingerprints of no source
+    token_history: torch.Tensor  # int32 [bs + 1, prefix + new]: every row's whole history
     sources: tuple[torch.Tensor, ...]
     prefix_slots: torch.Tensor
     owners_before: torch.Tensor  # owner chains of the prefixes
@@ -175,17 +184,36 @@ def build_pool(scenario: Scenario) -> Pool:
         positions=i64(positions[:, prefix:].flatten()),
         out_cache_loc=i64(slots[:, prefix:].flatten()),
     )
+    token_history = torch.zeros((bs + 1, length), dtype=torch.int32, device=DEVICE)
+    token_history[1:] = tokens.to(torch.int32)
     return Pool(scenario=scenario, batch=batch, req_to_token=req_to_token, records=records,
-                sources=sources, prefix_slots=cached, owners_before=owners_before,
+                token_history=token_history, sources=sources, prefix_slots=cached, owners_before=owners_before,
                 owners_after=owners_after)
 
 
+def real_data_of(mode: str) -> str:
+    return mode.split("+")[0]
+
+
+def batch_of(pool: Pool, mode: str) -> CanaryBatchView:
+    """The pool's forward with the token checks of ``mode`` (``+tokens``: all of them)."""
+    if not mode.endswith("+tokens"):
+        return pool.batch
+    batch = pool.batch
+    history_lens = torch.full((pool.token_history.shape[0],), pool.token_history.shape[1],
+                              dtype=torch.int64, device=DEVICE)
+    return dataclasses.replace(
+        batch, token_history=pool.token_history, token_history_lens=history_lens,
+        expected_input_ids=batch.input_ids.clone(), host_seq_lens=batch.seq_lens.clone(),
+    )
+
+
 def state_of(pool: Pool, mode: str) -> CanaryDeviceState:
-    """A fresh state of ``pool`` with the prefix fingerprints of real-data ``mode``."""
+    """A fresh state of ``pool`` with the prefix fingerprints of ``mode``'s real data."""
     real = None
     records = pool.records.clone()
-    if mode != "none":
-        real = RealDataSources(sources=pool.sources, partial=mode == "partial")
+    if real_data_of(mode) != "none":
+        real = RealDataSources(sources=pool.sources, partial=real_data_of(mode) == "partial")
         for chunk in pool.prefix_slots.split(1 << 15):
             records[chunk, FIELD_FINGERPRINT] = slot_fingerprints_torch(
                 slots=chunk, sources=real.sources, partial=real.partial
@@ -215,17 +243,21 @@ def clone(state: CanaryDeviceState) -> CanaryDeviceState:
 
 
 def slot_bytes(mode: str) -> int:
-    """Bytes a verify reads per slot: a req_to_token entry, the record, the real-data words."""
-    record = 16 if mode == "none" else RECORD_BYTES
-    real = {"none": 0, "partial": 16 * NUM_SOURCES, "all": ROW_WORDS * 8 * NUM_SOURCES}[mode]
-    return REQ_TO_TOKEN_BYTES + record + real
+    """Bytes a verify reads per slot: a req_to_token entry, the record, the real-data words, the
+    token-history entry."""
+    real_data = real_data_of(mode)
+    record = 16 if real_data == "none" else RECORD_BYTES
+    real = {"none": 0, "partial": 16 * NUM_SOURCES, "all": ROW_WORDS * 8 * NUM_SOURCES}[real_data]
+    history = HISTORY_BYTES if mode.endswith("+tokens") else 0
+    return REQ_TO_TOKEN_BYTES + record + real + history
 
 
 def launch_bytes(scenario: Scenario, mode: str, launch: str) -> int:
     rows, new = scenario.bs, scenario.new
     if launch == "pre":
+        expected = EXPECTED_INPUT_BYTES if mode.endswith("+tokens") else 0
         return rows * scenario.prefix * slot_bytes(mode) + rows * new * (
-            TOKEN_INPUT_BYTES + RECORD_BYTES
+            TOKEN_INPUT_BYTES + RECORD_BYTES + expected
         )
     return rows * (scenario.prefix + new) * slot_bytes(mode)
 
@@ -239,14 +271,14 @@ def _empty_kernel(pointer):
 
 
 def _ratio(numerator: float, denominator: float) -> str:
-    return f"{numerator / denominator:9.1f}" if denominator > 0 else f"{'-':>9}"
+    return f"{numerator / denominator:9.1f}" if denominator > 0 < numerator else f"{'-':>9}"
 
 
-def time_launches(pool: Pool, mode: str, bandwidth: float) -> list[str]:
+def time_launches(pool: Pool, mode: str, bandwidth: float, *, reference_timed: bool) -> list[str]:
     scenario = pool.scenario
     lines = []
     state = state_of(pool, mode)
-    batch = pool.batch
+    batch = batch_of(pool, mode)
 
     def pre() -> None:
         canary_forward.launch_pre_forward(state=state, batch=batch)
@@ -266,14 +298,17 @@ def time_launches(pool: Pool, mode: str, bandwidth: float) -> list[str]:
             state.counters[COUNTER_VIOLATIONS] = 0
         eager = event_time_us(fn=launch).median
         graph = graph_time_us(fn=launch, launches=GRAPH_LAUNCHES).median
-        reference_state = clone(state)
-        reference_us = host_time_us(
-            fn=lambda: (reference(state=reference_state, batch=batch), torch.cuda.synchronize()),
-            repeats=1,
-        ).median
+        reference_us = 0.0
+        if reference_timed:
+            reference_state = clone(state)
+            reference_us = host_time_us(
+                fn=lambda: (reference(state=reference_state, batch=batch),
+                            torch.cuda.synchronize()),
+                repeats=1,
+            ).median
         bound = launch_bytes(scenario, mode, name) / bandwidth * 1e6
         lines.append(
-            f"{scenario.name:28} {mode:8} {name:5} {eager:9.1f} {graph:9.1f} {bound:9.2f} "
+            f"{scenario.name:28} {mode:14} {name:5} {eager:9.1f} {graph:9.1f} {bound:9.2f} "
             f"{reference_us:11.0f} {_ratio(graph, bound)} {_ratio(reference_us, graph)}"
         )
     torch.cuda.synchronize()
@@ -283,7 +318,7 @@ def time_launches(pool: Pool, mode: str, bandwidth: float) -> list[str]:
     return lines
 
 
-def time_sweep(bandwidth: float) -> list[str]:
+def time_sweep(bandwidth: float, *, reference_timed: bool) -> list[str]:
     """The sweep over ``SWEEP_ENTRIES`` slots of one long clean history."""
     pool = build_pool(Scenario(name="sweep", layout=BatchLayout.EXTEND, bs=1,
                                prefix=SWEEP_ENTRIES, new=0))
@@ -293,18 +328,20 @@ def time_sweep(bandwidth: float) -> list[str]:
     tokens = torch.full_like(slots, -1)
     entries = SweepEntries(slots=slots, prev_slots=prev_slots, positions=positions, tokens=tokens)
     lines = []
-    for mode in REAL_DATA_MODES:
+    for mode in ("none", "partial", "all"):  # the sweep has no token checks
         state = state_of(pool, mode)
         eager = event_time_us(fn=lambda: sweep.launch_sweep(state=state, entries=entries)).median
-        reference_us = host_time_us(
-            fn=lambda: (sweep_ref.launch_sweep(state=clone(state), entries=entries),
-                        torch.cuda.synchronize()),
-            repeats=1,
-        ).median
+        reference_us = 0.0
+        if reference_timed:
+            reference_us = host_time_us(
+                fn=lambda: (sweep_ref.launch_sweep(state=clone(state), entries=entries),
+                            torch.cuda.synchronize()),
+                repeats=1,
+            ).median
         bound = SWEEP_ENTRIES * (32 + slot_bytes(mode) - REQ_TO_TOKEN_BYTES) / bandwidth * 1e6
         violations = int(state.counters[COUNTER_VIOLATIONS])
         lines.append(
-            f"{'sweep 1M entries':28} {mode:8} {'sweep':5} {eager:9.1f} {'-':>9} {bound:9.2f} "
+            f"{'sweep 1M entries':28} {mode:14} {'sweep':5} {eager:9.1f} {'-':>9} {bound:9.2f} "
             f"{reference_us:11.0f} {_ratio(eager, bound)} {_ratio(reference_us, eager)}"
             + (f"  (unexpected: {violations} violation rows)" if violations else "")
         )
@@ -312,6 +349,10 @@ def time_sweep(bandwidth: float) -> list[str]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-reference", action="store_true",
+                        help="do not time the torch references (their column shows 0)")
+    reference_timed = not parser.parse_args().no_reference
     torch.manual_seed(0)
     properties = torch.cuda.get_device_properties(0)
     bandwidth = copy_bandwidth_bytes_per_s()
@@ -323,19 +364,19 @@ def main() -> None:
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s; empty Triton kernel: "
           f"{floor_eager:.1f} us eager, {floor_graph:.1f} us replayed")
     header = (
-        f"{'configuration':28} {'real':8} {'launch':5} {'eager us':>9} {'graph us':>9} "
+        f"{'configuration':28} {'checks':14} {'launch':5} {'eager us':>9} {'graph us':>9} "
         f"{'bound us':>9} {'ref us':>11} {'graph/bnd':>9} {'ref/graph':>9}"
     )
     print(header)
     print("-" * len(header))
     # the sweep first: the scenarios' torch references take minutes, and a run cut short by a
     # time limit should still have printed the sweep's line
-    for line in time_sweep(bandwidth):
+    for line in time_sweep(bandwidth, reference_timed=reference_timed):
         print(line, flush=True)
     for scenario in SCENARIOS:
         pool = build_pool(scenario)
-        for mode in REAL_DATA_MODES:
-            for line in time_launches(pool, mode, bandwidth):
+        for mode in MODES:
+            for line in time_launches(pool, mode, bandwidth, reference_timed=reference_timed):
                 print(line, flush=True)
         del pool
         torch.cuda.empty_cache()
