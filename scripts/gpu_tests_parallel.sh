@@ -4,8 +4,8 @@
 #   bash scripts/gpu_tests_parallel.sh "test/registered/e2e/test_detection_e2e.py" \
 #       "test/registered/e2e/test_features_e2e.py -k 'sweep or seq_lens'" "test/registered/kernels"
 #
-# Each argument is one shard: a string of pytest args (shell words, so quote a -k expression), run as its own
-# `python3 -m pytest -m gpu <shard> -q` concurrently with the others. The tiny-model servers
+# Each argument is one shard: a string of pytest args (shell words, so quote a -k expression),
+# run as its own `python3 -m pytest -m gpu <shard> -q` beside the others. The tiny-model servers
 # the end-to-end tests start are small (a capped KV pool; SGLang sizes the pool from the memory
 # free at start), so several share one GPU; tests that compare the memory of two servers must
 # not run beside others (GPU_TESTS_SERIAL names a shard run alone, before the parallel ones).
