@@ -15,6 +15,7 @@ import torch
 from sglang.jit_kernel.kv_canary.consts import CHAIN_ANCHOR, TOKEN_MASK
 from sglang.jit_kernel.kv_canary.hashing import (
     chain_after_numpy,
+    mix64_numpy,
     chain_after_scalar,
     chain_after_torch,
     chain_before_torch,
@@ -82,6 +83,12 @@ def test_torch_forms_match_the_scalar_reference():
             fingerprint_scalar(words=[(source, c, w) for c, w in enumerate(row)])
             for row in words.tolist()
         )
+
+
+def test_numpy_mix64_matches_the_scalar_reference():
+    values = random_values(200, seed=12)
+    mixed = mix64_numpy(np.array(values, dtype=np.int64).view(np.uint64))
+    assert mixed.tolist() == [mix64_scalar(v & ((1 << 64) - 1)) for v in values]
 
 
 @pytest.mark.parametrize("count", [0, 1, 11, 3000])

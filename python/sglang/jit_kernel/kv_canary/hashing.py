@@ -1,8 +1,8 @@
 """64-bit mixing shared by the token oracle, the chain rule and the real-data fingerprint.
 
 Each definition exists as a scalar pure-Python function (the reference) and a torch function;
-the Triton device-function forms are in :mod:`.triton_helpers`; ``chain_after`` also has a numpy
-form for the host (a request's owner chain at admission):
+the Triton device-function forms are in :mod:`.triton_helpers`; ``mix64`` and ``chain_after`` also have
+numpy forms for the host (a request's owner chain at admission):
 
 - ``mix64``: the SplitMix64 finalizer.
 - ``chain_term(token, position)``: the 40-bit term of the additive chain rule (see
@@ -101,27 +101,35 @@ def chain_after_scalar(*, tokens: Sequence[int]) -> int:
     return to_signed_i64(chain)
 
 
+# ----------------------------------------------------------------------------- numpy (host)
+
 _U64_CHAIN_SALT = np.uint64(CHAIN_SALT)
 _U64_TOKEN_MASK = np.uint64(TOKEN_MASK)
 
 
-def chain_after_numpy(tokens: np.ndarray) -> int:
-    """:func:`chain_after_scalar` of an int64 (or uint64) array ``[n]``, vectorized on the host:
-    about 5 ns per token plus what building ``tokens`` from a list costs."""
-    if tokens.ndim != 1 or tokens.dtype not in (np.int64, np.uint64):
-        raise TypeError(f"chain_after_numpy expects a 1-D int64 array, got {tokens.dtype} "
-                        f"{tokens.shape}")
-    x = tokens.view(np.uint64) & _U64_TOKEN_MASK
-    x <<= np.uint64(32)
-    x ^= np.arange(x.shape[0], dtype=np.uint64)
-    x ^= _U64_CHAIN_SALT
+def mix64_numpy(x: np.ndarray) -> np.ndarray:
+    """:func:`mix64_scalar` elementwise on a uint64 array, in place (returns ``x``)."""
     x ^= x >> np.uint64(30)
     x *= np.uint64(MIX64_MULTIPLIER_1)
     x ^= x >> np.uint64(27)
     x *= np.uint64(MIX64_MULTIPLIER_2)
     x ^= x >> np.uint64(31)
-    x >>= np.uint64(64 - CHAIN_TERM_BITS)
-    return to_signed_i64(CHAIN_ANCHOR + int(x.sum(dtype=np.uint64)))
+    return x
+
+
+def chain_after_numpy(tokens: np.ndarray) -> int:
+    """:func:`chain_after_scalar` of an int64 (or uint64) array ``[n]``, vectorized on the host
+    (``tokens`` is not modified): about 5 ns per token plus what building ``tokens`` from a list
+    costs."""
+    if tokens.ndim != 1 or tokens.dtype not in (np.int64, np.uint64):
+        raise TypeError(f"chain_after_numpy expects a 1-D int64 array, got {tokens.dtype} "
+                        f"{tokens.shape}")
+    x = tokens.view(np.uint64) & _U64_TOKEN_MASK  # a new array
+    x <<= np.uint64(32)
+    x ^= np.arange(x.shape[0], dtype=np.uint64)
+    x ^= _U64_CHAIN_SALT
+    terms = mix64_numpy(x) >> np.uint64(64 - CHAIN_TERM_BITS)
+    return to_signed_i64(CHAIN_ANCHOR + int(terms.sum(dtype=np.uint64)))
 
 
 def fingerprint_key_scalar(*, source: int, column: int) -> int:
