@@ -1,8 +1,8 @@
 """64-bit mixing shared by the token oracle, the chain rule and the real-data fingerprint.
 
 Each definition exists as a scalar pure-Python function (the reference) and a torch function;
-the Triton device-function forms are in :mod:`.triton_helpers`; ``mix64`` and ``chain_after`` also have
-numpy forms for the host (a request's owner chain at admission):
+the Triton device-function forms are in :mod:`.triton_helpers`; ``mix64`` and ``chain_after``
+also have numpy forms for the host (a request's owner chain at admission):
 
 - ``mix64``: the SplitMix64 finalizer.
 - ``chain_term(token, position)``: the 40-bit term of the additive chain rule (see
