@@ -187,8 +187,8 @@ def build_pool(scenario: Scenario) -> Pool:
     token_history = torch.zeros((bs + 1, length), dtype=torch.int32, device=DEVICE)
     token_history[1:] = tokens.to(torch.int32)
     return Pool(scenario=scenario, batch=batch, req_to_token=req_to_token, records=records,
-                token_history=token_history, sources=sources, prefix_slots=cached, owners_before=owners_before,
-                owners_after=owners_after)
+                token_history=token_history, sources=sources, prefix_slots=cached,
+                owners_before=owners_before, owners_after=owners_after)
 
 
 def real_data_of(mode: str) -> str:

@@ -57,7 +57,9 @@ def to_unsigned_u64(value: int) -> int:
     return value & U64_MASK
 
 
-def require_int64_same_shape(first: tuple[str, torch.Tensor], second: tuple[str, torch.Tensor]) -> None:
+def require_int64_same_shape(
+    first: tuple[str, torch.Tensor], second: tuple[str, torch.Tensor]
+) -> None:
     """Raise unless both named tensors are int64 and of one shape (no host sync).
 
     Raises:
