@@ -83,6 +83,7 @@ TRITON_MODULES = (
     f"{_PACKAGE}.triton_helpers",
     f"{_PACKAGE}.canary_forward",
     f"{_PACKAGE}.sweep",
+    f"{_PACKAGE}.hash_oracle",
 )
 
 
@@ -105,6 +106,14 @@ def canary_impl(impl: str) -> ModuleType:
     if impl == "reference":
         return importlib.import_module(f"{_PACKAGE}.canary_forward_ref")
     return import_triton_modules()["canary_forward"]
+
+
+def hash_oracle_launch(impl: str):
+    """``launch_hash_oracle_tokens`` of ``impl`` (its torch twin for ``reference``)."""
+    if impl == "reference":
+        module = importlib.import_module(f"{_PACKAGE}.hash_oracle_ref")
+        return module.hash_oracle_tokens_torch_reference
+    return import_triton_modules()["hash_oracle"].launch_hash_oracle_tokens
 
 
 def sweep_impl(impl: str) -> ModuleType:

@@ -5,6 +5,7 @@
 - :class:`CanaryBatchView` (one per forward): views of the ForwardBatch tensors.
 - :class:`SweepEntries` (one per sweep): the slots to check and what they must hold.
 - :func:`check_scatter_inputs`: the input contract of the token-history scatter.
+- :func:`check_hash_oracle_inputs`: the input contract of the token oracle's launch.
 
 Construction validates types, dtypes, shapes, layouts and devices from tensor attributes only
 (no host-device synchronization, no allocation) and raises ``TypeError`` (type, dtype) or
@@ -465,4 +466,59 @@ def _same_device(owner: object, device: torch.device) -> None:
             raise ValueError(
                 f"{type(owner).__name__}.{name} is on {value.device}, expected {device} "
                 "(all tensors on one device)"
+            )
+
+
+MAX_ORACLE_VOCAB_SIZE = (1 << 31) - 1  # oracle tokens are int32
+
+
+def check_hash_oracle_inputs(
+    *,
+    req_ids: torch.Tensor,
+    bootstrap_room_ids: torch.Tensor | None,
+    positions: torch.Tensor,
+    vocab_size: int,
+    tokens_out: torch.Tensor,
+    positions_out: torch.Tensor | None,
+) -> None:
+    """Raise unless the arguments meet the contract of :mod:`.hash_oracle` (no host sync).
+
+    Raises:
+        TypeError: a dtype is not allowed (names the argument, its dtype, what is allowed).
+        ValueError: a tensor is not 1-D of ``tokens_out``'s length, the tensors are on more
+            than one device, or ``vocab_size`` is out of range.
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not (
+        1 <= vocab_size <= MAX_ORACLE_VOCAB_SIZE
+    ):
+        raise ValueError(f"vocab_size={vocab_size!r} is invalid; allowed: [1, {MAX_ORACLE_VOCAB_SIZE}]")
+    allowed = {
+        "req_ids": (torch.int64,),
+        "bootstrap_room_ids": (torch.int64,),
+        "positions": (torch.int32, torch.int64),
+        "tokens_out": (torch.int32, torch.int64),
+        "positions_out": (torch.int64,),
+    }
+    tensors = {
+        "req_ids": req_ids,
+        "bootstrap_room_ids": bootstrap_room_ids,
+        "positions": positions,
+        "tokens_out": tokens_out,
+        "positions_out": positions_out,
+    }
+    n = tokens_out.shape[0] if tokens_out.dim() == 1 else None
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if tensor.dtype not in allowed[name]:
+            names = " or ".join(str(dtype) for dtype in allowed[name])
+            raise TypeError(f"{name} must be {names}, got {tensor.dtype}")
+        if tensor.dim() != 1 or tensor.shape[0] != n:
+            raise ValueError(
+                f"{name} must be 1-D with tokens_out's length "
+                f"{'(tokens_out is not 1-D)' if n is None else n}, got shape {tuple(tensor.shape)}"
+            )
+        if tensor.device != tokens_out.device:
+            raise ValueError(
+                f"{name} is on {tensor.device} but tokens_out is on {tokens_out.device}"
             )

@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.srt.kv_canary.token_oracle.request_ids import generalized_req_ids_of
+from sglang.srt.kv_canary.token_oracle.request_ids import (
+    generalized_req_ids_of,
+    request_ids_of,
+)
 from sglang.srt.kv_canary.token_oracle.oracle import TokenOracle
 
 if TYPE_CHECKING:
@@ -99,10 +102,14 @@ class TokenOracleManager:
         Returns:
             int32 ``[n]``. No host sync.
         """
-        return self.oracle.expected_tokens(
-            generalized_req_ids=generalized_req_ids,
-            positions=logits_positions.to(torch.int64) + 1,
+        tokens = torch.empty(
+            logits_positions.shape, dtype=torch.int32, device=logits_positions.device
         )
+        self.oracle.write_tokens(
+            req_ids=generalized_req_ids, bootstrap_room_ids=None, positions=logits_positions,
+            position_offset=1, tokens_out=tokens,
+        )
+        return tokens
 
     def fill_expected_inputs(
         self, *, forward_batch: ForwardBatch, expected_inputs_out: ExpectedInputs
@@ -206,6 +213,16 @@ class TokenOracleManager:
                 f"{forward_batch.forward_mode.name} batch: {rows} rows of {block} tokens need "
                 f"{covered} tokens but the forward has {tokens_out.shape[0]}"
             )
+        if token_rule is _BlockTokenRule.EVERY_TOKEN and block == 1:  # decode: one launch
+            rids_int, rooms = request_ids_of(forward_batch)
+            self.oracle.write_tokens(
+                req_ids=rids_int[:rows], bootstrap_room_ids=rooms[:rows],
+                positions=forward_batch.seq_lens[:rows], position_offset=first_position_offset,
+                tokens_out=tokens_out[:rows], positions_out=positions_out[:rows],
+            )
+            tokens_out[rows:].fill_(NO_EXPECTATION)
+            positions_out[rows:].fill_(NO_EXPECTATION)
+            return
         ids = generalized_req_ids_of(forward_batch)[:rows]
         first = forward_batch.seq_lens[:rows].to(torch.int64) + first_position_offset
         offsets = torch.arange(block, dtype=torch.int64, device=first.device)

@@ -8,6 +8,7 @@ reference; the two agree bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,8 +20,9 @@ from sglang.jit_kernel.kv_canary.hashing import (
     require_int64_same_shape,
     unsigned_mod_torch,
 )
+from sglang.jit_kernel.kv_canary.kernel_inputs import MAX_ORACLE_VOCAB_SIZE
 
-MAX_VOCAB_SIZE = (1 << 31) - 1  # tokens are returned as int32
+MAX_VOCAB_SIZE = MAX_ORACLE_VOCAB_SIZE  # tokens are returned as int32
 
 
 class TokenOracle(Protocol):
@@ -33,6 +35,21 @@ class TokenOracle(Protocol):
         self, *, generalized_req_ids: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
         """int32 tokens in ``[0, vocab_size)``, elementwise over two int64 tensors of one shape."""
+        ...
+
+    def write_tokens(
+        self,
+        *,
+        req_ids: torch.Tensor,
+        bootstrap_room_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        position_offset: int,
+        tokens_out: torch.Tensor,
+        positions_out: torch.Tensor | None = None,
+    ) -> None:
+        """The tokens of 1-D rows at ``positions + position_offset`` into ``tokens_out`` (and
+        those positions into ``positions_out``); per row the generalized id is its bootstrap
+        room where that is >= 0, else its ``req_ids`` entry. No host sync, no allocation."""
         ...
 
 
@@ -73,6 +90,47 @@ class HashOracle:
                                  ("positions", positions))
         mixed = mix64_torch(generalized_req_ids ^ positions)
         return unsigned_mod_torch(mixed, self.vocab_size).to(torch.int32)
+
+    def write_tokens(
+        self,
+        *,
+        req_ids: torch.Tensor,
+        bootstrap_room_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        position_offset: int,
+        tokens_out: torch.Tensor,
+        positions_out: torch.Tensor | None = None,
+    ) -> None:
+        """The oracle's tokens of 1-D rows, in one launch on CUDA (the Triton kernel of
+        :mod:`sglang.jit_kernel.kv_canary.hash_oracle`; its contract applies: ``req_ids`` /
+        ``bootstrap_room_ids`` int64, ``positions`` int32 or int64, ``tokens_out`` int32 or
+        int64, ``positions_out`` int64, all ``[n]``), its torch twin elsewhere. Identical to
+        :meth:`expected_tokens` at ``positions + position_offset``; no host sync, no allocation,
+        CUDA-graph capturable.
+
+        Raises:
+            TypeError / ValueError: see :func:`~sglang.jit_kernel.kv_canary.kernel_inputs.check_hash_oracle_inputs`.
+        """
+        _hash_oracle_launch(tokens_out.device)(
+            req_ids=req_ids,
+            bootstrap_room_ids=bootstrap_room_ids,
+            positions=positions,
+            position_offset=position_offset,
+            vocab_size=self.vocab_size,
+            tokens_out=tokens_out,
+            positions_out=positions_out,
+        )
+
+
+def _hash_oracle_launch(device: torch.device) -> Callable[..., None]:
+    """The Triton launch on CUDA, the torch twin elsewhere (imported on first use)."""
+    if device.type == "cuda":
+        from sglang.jit_kernel.kv_canary.hash_oracle import launch_hash_oracle_tokens
+
+        return launch_hash_oracle_tokens
+    from sglang.jit_kernel.kv_canary.hash_oracle_ref import hash_oracle_tokens_torch_reference
+
+    return hash_oracle_tokens_torch_reference
 
 
 def hash_oracle_token_scalar(*, generalized_req_id: int, position: int, vocab_size: int) -> int:
