@@ -141,11 +141,16 @@ class Pool:
     owners_after: torch.Tensor  # owner chains after the forward
 
 
-def build_pool(scenario: Scenario) -> Pool:
+def build_pool(scenario: Scenario, *, contiguous_slots: bool = False) -> Pool:
+    """The pool of ``scenario``: slots shuffled over the pool (the worst case for the verify's
+    gathers), or with ``contiguous_slots`` each request's slots in one run (a fresh server's
+    allocator)."""
     bs, prefix, new = scenario.bs, scenario.prefix, scenario.new
     length = prefix + new
     num_slots = 1 + bs * length
-    slots = (torch.randperm(num_slots - 1, device=DEVICE) + 1).view(bs, length)
+    order = (torch.arange(num_slots - 1, device=DEVICE) if contiguous_slots
+             else torch.randperm(num_slots - 1, device=DEVICE))
+    slots = (order + 1).view(bs, length)
     req_to_token = torch.zeros((bs + 1, length), dtype=torch.int32, device=DEVICE)
     req_to_token[1:] = slots.to(torch.int32)
     tokens = torch.randint(0, 150_000, (bs, length), device=DEVICE)
