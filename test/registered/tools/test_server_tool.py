@@ -14,6 +14,7 @@ from sglang.srt.kv_canary.tools.server import (
     ServerLaunch,
     ServerRequestError,
     ServerStartError,
+    free_port,
     run_until_exit,
     start_server,
 )
@@ -74,6 +75,20 @@ def test_command_line_listens_on_loopback_with_tiny_defaults_then_extra_args(tmp
     assert HOST == "127.0.0.1"
     assert command[9:] == [*TINY_MODEL_SERVER_ARGS, "--sampling-backend", "token_oracle"]
     assert "--load-format" in TINY_MODEL_SERVER_ARGS and "dummy" in TINY_MODEL_SERVER_ARGS
+
+
+def test_the_nccl_port_is_passed_and_every_picked_port_is_below_the_ephemeral_range(
+    tmp_path,
+) -> None:
+    launch = ServerLaunch(model_dir=tmp_path, log_path=tmp_path / "s.log")
+    command = launch.command(port=21000, nccl_port=12345)
+    assert command[9:11] == ["--nccl-port", "12345"] and not launch.sets_nccl_port
+    assert "--nccl-port" not in launch.command(port=21000)
+    assert ServerLaunch(model_dir=tmp_path, log_path=tmp_path / "s.log",
+                        args=("--nccl-port=999",)).sets_nccl_port
+    http = free_port()
+    assert 20000 <= http and http + 10000 < 32768  # its derived gRPC port too
+    assert 10000 <= free_port(candidates=range(10000, 20000), offsets=(0,)) < 20000
 
 
 def test_environment_drops_inherited_canary_variables_unless_asked(tmp_path, monkeypatch) -> None:

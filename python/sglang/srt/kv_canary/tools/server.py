@@ -3,7 +3,9 @@
 :func:`start_server` starts the server in a new session (``setsid``: it leads its own process
 group, so :meth:`RunningServer.stop` can kill the scheduler and detokenizer processes with it),
 with stdout and stderr in one log file, listening on 127.0.0.1 only, on a free port picked here
-unless one is given. Every wait is bounded. :func:`run_until_exit` runs a launch that is expected
+unless one is given, with a torch.distributed port (``--nccl-port``) picked here too unless the
+launch sets one; both lie below Linux's ephemeral port range, so servers started side by side do
+not race outgoing connections for them. Every wait is bounded. :func:`run_until_exit` runs a launch that is expected
 to stop by itself (a refused configuration) and returns its exit code and output.
 
 The server's environment comes from :func:`.environment.child_environment` (this process's
@@ -115,10 +117,15 @@ class ServerLaunch:
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}={value!r} is invalid; allowed: a number > 0")
 
-    def command(self, *, port: int) -> list[str]:
-        """The full command line for ``port``."""
+    def command(self, *, port: int, nccl_port: int | None = None) -> list[str]:
+        """The full command line for ``port`` (and ``--nccl-port nccl_port`` when given)."""
+        nccl = ["--nccl-port", str(nccl_port)] if nccl_port is not None else []
         return [sys.executable, "-m", self.server_module, "--model-path", str(self.model_dir),
-                "--host", HOST, "--port", str(port), *self.base_args, *self.args]
+                "--host", HOST, "--port", str(port), *nccl, *self.base_args, *self.args]
+
+    @property
+    def sets_nccl_port(self) -> bool:
+        return any(argument.split("=", 1)[0] == "--nccl-port" for argument in self.args)
 
     def child_environment(self) -> dict[str, str]:
         """This process's environment (canary variables only if inherited) plus ``env``."""
@@ -126,10 +133,14 @@ class ServerLaunch:
                                  inherit_canary_env=self.inherit_canary_env)
 
 
-# SGLang derives more ports from --port (its gRPC port is --port + 10000 and must stay below
-# 65536, and a few more follow --port), so candidates come from a range that leaves room above.
-_PORT_RANGE = range(20000, 45000)
+# SGLang derives more ports from --port (its gRPC port is --port + 10000, and a few more follow
+# --port), so candidates come from a range that leaves room above. Every port picked here stays
+# below Linux's default ephemeral range (32768-60999): a port picked there can be taken by any
+# outgoing connection before the server binds it, which is how SGLang's own pick of the
+# torch.distributed port (an ephemeral one) collided when several servers started at once.
+_PORT_RANGE = range(20000, 22768)
 _DERIVED_PORT_OFFSETS = (0, 1, 2, 10000)
+_NCCL_PORT_RANGE = range(10000, 20000)
 
 
 def _is_free(port: int) -> bool:
@@ -141,14 +152,16 @@ def _is_free(port: int) -> bool:
     return True
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, together with the ports SGLang derives from it."""
+def free_port(*, candidates: range = _PORT_RANGE,
+              offsets: tuple[int, ...] = _DERIVED_PORT_OFFSETS) -> int:
+    """A TCP port of ``candidates`` on 127.0.0.1 that is free now, together with the ports at
+    ``offsets`` from it (by default: an HTTP port and the ports SGLang derives from it)."""
     rng = random.Random()
     for _ in range(200):
-        port = rng.choice(_PORT_RANGE)
-        if all(_is_free(port + offset) for offset in _DERIVED_PORT_OFFSETS):
+        port = rng.choice(candidates)
+        if all(_is_free(port + offset) for offset in offsets):
             return port
-    raise RuntimeError(f"no free port in {_PORT_RANGE} (with +{_DERIVED_PORT_OFFSETS}) on {HOST}")
+    raise RuntimeError(f"no free port in {candidates} (with +{offsets}) on {HOST}")
 
 
 def _live_group_members(pgid: int) -> list[int]:
@@ -348,7 +361,9 @@ class RunningServer:
 def start_server(launch: ServerLaunch) -> RunningServer:
     """Start the server in its own session; do not wait for it (see ``wait_ready``)."""
     port = launch.port if launch.port is not None else free_port()
-    command = launch.command(port=port)
+    nccl_port = None if launch.sets_nccl_port else free_port(candidates=_NCCL_PORT_RANGE,
+                                                             offsets=(0,))
+    command = launch.command(port=port, nccl_port=nccl_port)
     launch.log_path.parent.mkdir(parents=True, exist_ok=True)
     with launch.log_path.open("wb") as log:
         log.write(f"[kv_canary.tools.server] command: {' '.join(command)}\n".encode())
