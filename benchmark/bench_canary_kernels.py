@@ -6,8 +6,9 @@ prefill chunk (prefix 0 and 8k), and a prefill of 64 rows x 512 tokens; each wit
 fingerprints off / partial (16 bytes per source) / all, over four sources shaped like K and V of
 a first and a last layer (8 heads x 128 dims of bf16: 2 KiB per row), and ``partial+tokens``:
 partial plus every check the server's "all checks" configuration gives the kernels (the token
-history with verify-token, the write-input expectations, the host seq_lens mirror). Per launch
-(pre, post):
+history with verify-token, the write-input expectations, the host seq_lens mirror), and
+``partial/4+tokens``: the same with ``SGLANG_KV_CANARY_REAL_DATA_STRIDE=4`` (the post launch
+folds the bytes of a quarter of the prefix slots per forward). Per launch (pre, post):
 
 - ``eager``: device time between CUDA events around one launch from Python (the host's launch
   cost shows where it exceeds the kernel's);
@@ -87,7 +88,8 @@ DEVICE = "cuda"
 KV_HEADS, HEAD_DIM = 8, 128
 ROW_WORDS = KV_HEADS * HEAD_DIM * 2 // 8  # 2 KiB of bf16 per source row
 NUM_SOURCES = 4  # K, V of the first layer; K, V of the last layer
-MODES = ("none", "partial", "partial+tokens", "all")  # real data [+ the token checks]
+# real data [/ its verify stride] [+ the token checks]
+MODES = ("none", "partial", "partial+tokens", "partial/4+tokens", "all")
 RING_CAPACITY = 1024
 GRAPH_LAUNCHES = 20
 REQ_TO_TOKEN_BYTES = 4
@@ -197,7 +199,13 @@ def build_pool(scenario: Scenario, *, contiguous_slots: bool = False) -> Pool:
 
 
 def real_data_of(mode: str) -> str:
-    return mode.split("+")[0]
+    return mode.split("+")[0].split("/")[0]
+
+
+def stride_of(mode: str) -> int:
+    """The real-data verify stride of ``mode`` (``partial/4``: 4)."""
+    real = mode.split("+")[0]
+    return int(real.split("/")[1]) if "/" in real else 1
 
 
 def batch_of(pool: Pool, mode: str) -> CanaryBatchView:
@@ -218,7 +226,8 @@ def state_of(pool: Pool, mode: str) -> CanaryDeviceState:
     real = None
     records = pool.records.clone()
     if real_data_of(mode) != "none":
-        real = RealDataSources(sources=pool.sources, partial=real_data_of(mode) == "partial")
+        real = RealDataSources(sources=pool.sources, partial=real_data_of(mode) == "partial",
+                               verify_stride=stride_of(mode))
         for chunk in pool.prefix_slots.split(1 << 15):
             records[chunk, FIELD_FINGERPRINT] = slot_fingerprints_torch(
                 slots=chunk, sources=real.sources, partial=real.partial
@@ -253,6 +262,7 @@ def slot_bytes(mode: str) -> int:
     real_data = real_data_of(mode)
     record = 16 if real_data == "none" else RECORD_BYTES
     real = {"none": 0, "partial": 16 * NUM_SOURCES, "all": ROW_WORDS * 8 * NUM_SOURCES}[real_data]
+    real //= stride_of(mode)
     history = HISTORY_BYTES if mode.endswith("+tokens") else 0
     return REQ_TO_TOKEN_BYTES + record + real + history
 

@@ -20,6 +20,8 @@ each is compared with:
 - ``canary+partial`` (vs ``off``): + ``REAL_DATA=partial``.
 - ``all-checks`` (vs ``off``): + ``REAL_DATA=partial``, ``ENABLE_VERIFY_TOKEN_ASSERT=1``,
   ``ENABLE_WRITE_INPUT_ASSERT=1``.
+- ``all-checks-s4`` (vs ``off``): all checks with ``REAL_DATA_STRIDE=4`` (each prefix slot's
+  bytes verified every fourth forward).
 - ``stock`` (vs ``stock-piecewise``): SGLang without the plugin (``SGLANG_PLUGINS`` names no
   installed plugin), with ``--disable-piecewise-cuda-graph`` like every configuration above.
 - ``stock-piecewise`` (no baseline): stock SGLang with its default piecewise CUDA graphs, so
@@ -63,14 +65,14 @@ far (at first the last server's, or the estimate) fits. What does not fit is lab
 ``--out`` after every server. A configuration that fails to start is ``refused: <reason>``.
 
 On one H200 an 8b server with every workload takes about 3.5 minutes (a tiny one about 1), so
-the default budget measures ``off`` and ``all-checks`` of the 8b model, and all eight tiny
-servers. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
+the default budget measures ``off`` and ``all-checks`` of the 8b model, and every tiny
+server. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
 
     python benchmark/bench_server_overhead.py [--models 8b,tiny] [--configs off,all-checks,...]
         [--workloads decode64,prefill64x512,...] [--repeats 3] [--out FILE.json]
         [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first]
 
-    # the whole 8b table, eight servers (about 30 minutes)
+    # the whole 8b table, nine servers (about 35 minutes)
     python benchmark/bench_server_overhead.py --models 8b --time-budget-s 2400 \
         --out bench-8b.json --log-dir bench-8b-logs
     # the tiny table (about 9 minutes)
@@ -273,12 +275,15 @@ _CANARY_ENV = {**_ORACLE_ENV, "SGLANG_KV_CANARY_MODE": "log"}
 _PARTIAL_ENV = {**_CANARY_ENV, "SGLANG_KV_CANARY_REAL_DATA": "partial"}
 _ALL_CHECKS_ENV = {**_PARTIAL_ENV, "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
                    "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1"}
+_ALL_CHECKS_STRIDE4_ENV = {**_ALL_CHECKS_ENV, "SGLANG_KV_CANARY_REAL_DATA_STRIDE": "4"}
 _NO_PLUGIN_ENV = {"SGLANG_PLUGINS": "kv-canary-bench-loads-no-plugin"}  # matches no plugin
 
 CONFIGS: dict[str, ServerConfig] = {config.name: config for config in (
     ServerConfig(name="off", env={}, sampling_backend="pytorch", baseline="stock"),
     ServerConfig(name="all-checks", env=_ALL_CHECKS_ENV, sampling_backend="token_oracle",
                  baseline="off"),
+    ServerConfig(name="all-checks-s4", env=_ALL_CHECKS_STRIDE4_ENV,
+                 sampling_backend="token_oracle", baseline="off"),
     ServerConfig(name="canary", env=_CANARY_ENV, sampling_backend="token_oracle",
                  baseline="off"),
     ServerConfig(name="canary+partial", env=_PARTIAL_ENV, sampling_backend="token_oracle",

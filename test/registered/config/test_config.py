@@ -66,6 +66,8 @@ def test_unknown_name_is_rejected_with_suggestion() -> None:
         ("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB", "-0.1"),
         ("SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE", "maybe"),
         ("SGLANG_KV_CANARY_REAL_DATA", "half"),
+        ("SGLANG_KV_CANARY_REAL_DATA_STRIDE", "0"),
+        ("SGLANG_KV_CANARY_REAL_DATA_STRIDE", "1048577"),
     ],
 )
 def test_bad_values_name_the_variable_and_value(name: str, raw: str) -> None:
@@ -119,6 +121,8 @@ def test_full_configuration() -> None:
          "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB='1' would have no effect"),
         ({"SGLANG_KV_CANARY_REINJECT_PADDED_ROW_BUG": "1"},
          "SGLANG_KV_CANARY_REINJECT_PADDED_ROW_BUG='1' would have no effect"),
+        ({"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_REAL_DATA_STRIDE": "4"},
+         "SGLANG_KV_CANARY_REAL_DATA=none (no bytes are fingerprinted)"),
     ],
 )
 def test_settings_that_would_do_nothing_are_rejected(environ: dict, fragment: str) -> None:
@@ -181,6 +185,13 @@ def test_the_sweep_and_its_perturbation_are_accepted_with_the_canary() -> None:
     config = parse_config({"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_SWEEP_INTERVAL": "4",
                            "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "0.5"})
     assert config.sweep_interval == 4 and config.perturb.real_kv_unused_cache_prob == 0.5
+
+
+def test_a_real_data_stride_is_accepted_with_real_data_and_shown_at_start_up() -> None:
+    config = parse_config({"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_REAL_DATA": "partial",
+                           "SGLANG_KV_CANARY_REAL_DATA_STRIDE": "4"})
+    assert config.real_data_stride == 4 and "real_data_stride=4" in config.describe()
+    assert "real_data_stride" not in parse_config({"SGLANG_KV_CANARY_MODE": "log"}).describe()
 
 
 def test_oracle_alone_is_allowed_without_canary() -> None:

@@ -218,6 +218,7 @@ class KvSim:
         max_context_len: int = 64,
         real_data: str = "none",
         num_sources: int = 2,
+        real_data_stride: int = 1,
         ring_capacity: int = 256,
         seed: int = 0,
     ) -> None:
@@ -238,7 +239,8 @@ class KvSim:
             sources.append(_strided_words(buffer, heads))
         real = None
         if real_data != "none":
-            real = RealDataSources(sources=tuple(sources), partial=real_data == "partial")
+            real = RealDataSources(sources=tuple(sources), partial=real_data == "partial",
+                                   verify_stride=real_data_stride)
         req_to_token = torch.zeros(
             (req_rows, max_context_len), dtype=torch.int32, device=self.device
         )

@@ -123,6 +123,7 @@ class CaseSpec:
     predicted: bool = True  # expected input ids given (else all NO_EXPECTED_TOKEN, as prompts)
     host_seq_lens: bool = False
     owners_known: bool = True  # owner chains set on admission (else adopted: 0)
+    real_data_stride: int = 1  # prefix bytes checked where (position + step) % stride == 0
     ring_offset: int = 0  # violation indices already produced and consumed (ring wrap)
 
 
@@ -131,14 +132,16 @@ class CaseSpec:
 
 # Option sets a GPU run draws from (each set compiles its own kernel variants; drawing every
 # option independently would compile hundreds): real data, sources, token history, verify
-# token, expected inputs, host seq_lens.
+# token, expected inputs, host seq_lens, real-data stride.
 OPTION_PROFILES = (
-    ("none", 1, False, True, False, False),
-    ("partial", 4, True, True, True, True),
-    ("all", 2, False, True, True, False),
-    ("partial", 1, True, False, True, True),
-    ("none", 1, True, True, False, True),
-    ("all", 4, True, True, True, True),
+    ("none", 1, False, True, False, False, 1),
+    ("partial", 4, True, True, True, True, 1),
+    ("all", 2, False, True, True, False, 1),
+    ("partial", 1, True, False, True, True, 1),
+    ("none", 1, True, True, False, True, 1),
+    ("all", 4, True, True, True, True, 1),
+    ("partial", 4, True, True, True, True, 3),
+    ("all", 2, False, True, False, False, 2),
 )
 
 
@@ -169,6 +172,7 @@ def random_case(seed: int, *, max_prefix: int, max_chunk: int, profiles: bool = 
         verify_token=rng.random() < 0.8,
         expected_inputs=rng.random() < 0.5,
         host_seq_lens=rng.random() < 0.5,
+        real_data_stride=rng.choice([1, 1, 2, 3]),
     )
     if profiles:
         options = dict(zip(options, rng.choice(OPTION_PROFILES)))
@@ -228,6 +232,7 @@ def realize(spec: CaseSpec, device: str):
         max_context_len=MAX_CONTEXT_LEN,
         real_data=spec.real_data,
         num_sources=spec.num_sources,
+        real_data_stride=spec.real_data_stride,
         ring_capacity=2 * POOL_SLOTS,
         seed=spec.seed,
     )
@@ -453,6 +458,7 @@ def shrink_candidates(spec: CaseSpec):
         ("predicted", True),
         ("host_seq_lens", False),
         ("owners_known", True),
+        ("real_data_stride", 1),
         ("ring_offset", 0),
         ("page_size", 1),
     ):

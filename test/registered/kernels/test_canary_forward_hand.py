@@ -25,6 +25,7 @@ from _canary_sim import (
 from sglang.jit_kernel.kv_canary.consts import (
     CHAIN_ANCHOR,
     COUNTER_ENTRIES,
+    COUNTER_STEP,
     FIELD_CHAIN,
     FIELD_TOKEN_POSITION,
     NO_EXPECTED_TOKEN,
@@ -522,6 +523,29 @@ def test_paged_pool_with_strided_real_kv_rows(impl, device, page_size):
     assert [(v.check, v.reasons, v.slot, v.position) for v in sim.violations()] == [
         (POST, Reason.VERIFY_REAL_KV, victim, 5)  # real data: after the forward only
     ]
+
+
+def test_a_real_data_stride_checks_each_prefix_slot_once_every_stride_forwards(impl, device):
+    stride = 3
+    sim = KvSim(device=device, real_data="partial", real_data_stride=stride, seed=9)
+    launches = canary_impl(impl)
+    sim.add_request(1, TOKENS_A + TOKENS_B)
+    sim.forward(launches, sim.extend_batch([(1, 7)]))
+    assert_history_records(sim, 1, fingerprints=True)  # new slots: always fingerprinted
+    victim_position = 4
+    victim = sim.requests[1].slots[victim_position]
+    sim.sources[1][victim, 0] ^= 1 << 7
+    reported_at = []
+    for _ in range(stride):
+        step = sim.counters()[COUNTER_STEP]  # the step of the next forward
+        sim.forward(launches, sim.decode_batch([1]))
+        rows = [(v.check, v.reasons, v.slot, v.position) for v in sim.violations()]
+        sim.consume()
+        if rows:
+            assert rows == [(POST, Reason.VERIFY_REAL_KV, victim, victim_position)]
+            reported_at.append(step)
+    # exactly once in `stride` forwards: in the one whose step is due for that position
+    assert [(victim_position + step) % stride for step in reported_at] == [0]
 
 
 def test_counters_and_row_steps_follow_the_forwards(impl, device):

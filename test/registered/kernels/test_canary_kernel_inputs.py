@@ -170,6 +170,12 @@ def test_real_data_sources_are_validated(sources, partial, error, message):
         RealDataSources(sources=sources, partial=partial)
 
 
+@pytest.mark.parametrize("stride", [0, -1, True, 2.0, (1 << 20) + 1])
+def test_the_real_data_stride_is_validated(stride):
+    with pytest.raises(ValueError, match="verify_stride must be an int in"):
+        RealDataSources(sources=(_words(),), partial=False, verify_stride=stride)
+
+
 def test_all_tensors_must_share_one_device():
     meta = torch.zeros(2, dtype=torch.int64, device="meta")
     with pytest.raises(ValueError, match="seq_lens is on meta"):

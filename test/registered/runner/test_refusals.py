@@ -144,6 +144,14 @@ def test_real_data_needs_whole_words_per_row() -> None:
     state = allocate_device_state(config=config, req_to_token_pool=_req_pool(),
                                   kv_pool=_mha_pool(head_dim=4))
     assert state.real_data.words_per_row == (1,) * len(state.real_data.sources)
+    assert state.real_data.verify_stride == 1
+
+
+def test_the_configured_real_data_stride_reaches_the_kernels_inputs() -> None:
+    config = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL, real_data_stride=4)
+    state = allocate_device_state(config=config, req_to_token_pool=_req_pool(),
+                                  kv_pool=_mha_pool(head_dim=8))
+    assert state.real_data.verify_stride == 4 and state.real_data.partial
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ import bench_server_overhead as bench  # noqa: E402
 import server_overhead_table as table  # noqa: E402
 import server_workloads as workloads  # noqa: E402
 
-ALL_CONFIGS = ("off", "all-checks", "canary", "canary+partial", "oracle", "stock",
-               "stock-piecewise")
+ALL_CONFIGS = ("off", "all-checks", "all-checks-s4", "canary", "canary+partial", "oracle",
+               "stock", "stock-piecewise")
 ALL_WORKLOADS = ("decode64", "bs1", "prefill32", "prefill64x512", "decode64_8k", "bs1_32k")
 
 
@@ -86,7 +86,7 @@ def test_configs_differ_only_in_what_they_name() -> None:
     assert "SGLANG_PLUGINS" in configs["stock"].env
     oracle = dict(configs["oracle"].env)
     assert oracle == {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"}
-    for name in ("oracle", "canary", "canary+partial", "all-checks"):
+    for name in ("oracle", "canary", "canary+partial", "all-checks", "all-checks-s4"):
         assert configs[name].sampling_backend == "token_oracle"
         assert oracle.items() <= dict(configs[name].env).items()
     assert dict(configs["all-checks"].env) == {
@@ -94,17 +94,20 @@ def test_configs_differ_only_in_what_they_name() -> None:
         "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
         "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1",
     }
+    assert dict(configs["all-checks-s4"].env) == {
+        **configs["all-checks"].env, "SGLANG_KV_CANARY_REAL_DATA_STRIDE": "4"}
     assert [name for name, config in configs.items() if config.canary_on] == [
-        "all-checks", "canary", "canary+partial"]
+        "all-checks", "all-checks-s4", "canary", "canary+partial"]
     assert [name for name, config in configs.items() if config.piecewise_cuda_graph] == [
         "stock-piecewise"]
 
 
 def test_every_ratio_has_a_declared_baseline() -> None:
     assert bench.BASELINES == {
-        "off": "stock", "all-checks": "off", "canary": "off", "canary+partial": "off",
-        "oracle": "off", "stock": "stock-piecewise", "stock-piecewise": None}
-    assert bench.VS_ORACLE == {"all-checks", "canary", "canary+partial"}
+        "off": "stock", "all-checks": "off", "all-checks-s4": "off", "canary": "off",
+        "canary+partial": "off", "oracle": "off", "stock": "stock-piecewise",
+        "stock-piecewise": None}
+    assert bench.VS_ORACLE == {"all-checks", "all-checks-s4", "canary", "canary+partial"}
     assert bench.baselines_line(["off", "all-checks", "stock-piecewise"]) == (
         "baselines: off: no baseline (stock not in this run); all-checks vs off; "
         "NAME#2 vs NAME#1")

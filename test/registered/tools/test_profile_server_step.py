@@ -2,9 +2,12 @@
 summary on small synthetic kineto traces (CUDA graph replays whose kernels share the
 ``cudaGraphLaunch`` correlation, kernels and copies launched between replays, partial steps at
 the window's edges), the fallbacks (GPU clock, no graph replays), the diff vs the baseline,
-the printed tables, the JSON, and the options."""
+the printed tables, the JSON, and the options; with ``--cpu``, the host (Python) figures of
+nested ``python_function`` events on two threads (inclusive, self, recursion counted once, the
+window cut at the graph launches, the kv_canary section, the diff), and the streaming reader."""
 
 import concurrent.futures
+import dataclasses
 import gzip
 import json
 import pathlib
@@ -330,3 +333,239 @@ def test_a_failed_round_two_leaves_the_window_unchecked() -> None:
     (note,) = profile.round_two_notes(running, profile_sent_at=1.0, forced_stop=False,
                                       timeout_s=0.01)
     assert note.endswith("window unchecked")
+
+
+# ----------------------------------------------------------------------------- host time (--cpu)
+
+SITE = "/venv/lib/python3.11/site-packages/sglang/srt"
+RUN_BATCH = f"{SITE}/managers/scheduler.py(100): run_batch"
+FORWARD = f"{SITE}/model_executor/model_runner.py(200): forward"
+REPLAY = f"{SITE}/model_executor/cuda_graph_runner.py(300): replay"
+C_REPLAY = "<built-in method replay of torch._C._CUDAGraph object>"
+CHECK = f"{SITE}/kv_canary/checker.py(50): check"
+FOLD = f"{SITE}/kv_canary/hashing.py(10): fold"
+EMIT = f"{SITE}/kv_canary/checker.py(70): _emit"
+WAIT = "/usr/lib/python3.11/threading.py(320): wait"
+MAIN, OTHER = 11, 12  # tids of the python_function events (the launches are on tid 1)
+
+
+def python_event(trace: TraceBuilder, name: str, *, tid: int, ts: float, dur: float) -> None:
+    trace.events.append({"ph": "X", "cat": "python_function", "name": name, "pid": 1,
+                         "tid": tid, "ts": ts, "dur": dur,
+                         "args": {"Python parent id": 0, "Python id": 1, "Python thread": 0}})
+
+
+def host_trace(*, canary: bool, main_tid: int = MAIN) -> TraceBuilder:
+    """:func:`decode_trace` (graph launches at 100, 200, 300, 400 us: 3 steps) with the
+    scheduler's Python calls around each launch t0, repeating every 100 us (offsets from t0):
+    run_batch [-5, 45) (off: [-5, 20)) > forward [-4, 20) > replay [-1, 6) > the C call
+    [-0.5, 5) (an address per step); with ``canary``, run_batch > check [20, 40) > fold
+    [21, 35) > fold [22, 30) > fold [23, 25) (recursion), check > _emit [36, 39). The window
+    [100, 400) cuts the first and last repetition. Thread OTHER waits through it all."""
+    trace = decode_trace(steps=3)
+    for step in range(4):
+        t0 = 100.0 + 100 * step
+        calls = [(RUN_BATCH, -5, 50 if canary else 25), (FORWARD, -4, 24), (REPLAY, -1, 7),
+                 (f"<built-in method replay of torch._C._CUDAGraph object at 0x7f{step:04x}>",
+                  -0.5, 5.5)]
+        if canary:
+            calls += [(CHECK, 20, 20), (FOLD, 21, 14), (FOLD, 22, 8), (FOLD, 23, 2),
+                      (EMIT, 36, 3)]
+        for name, offset, dur in reversed(calls):  # the trace's order does not matter
+            python_event(trace, name, tid=main_tid, ts=t0 + offset, dur=dur)
+    python_event(trace, WAIT, tid=OTHER, ts=0.0, dur=1000.0)
+    python_event(trace, "<built-in method acquire of _thread.lock object at 0x1>", tid=OTHER,
+                 ts=1.0, dur=998.0)
+    return trace
+
+
+def host_of(trace: TraceBuilder) -> profile.HostSummary:
+    host = profile.summarise_host(profile.parse_trace(trace.events, python=True),
+                                  fallback_steps=19)
+    assert host is not None
+    return host
+
+
+def function(host: profile.HostSummary, name: str) -> tuple[float, float, float]:
+    (found,) = [stat for stat in host.functions if stat.name == name]
+    return (found.calls_per_step, pytest.approx(found.inclusive_us_per_step),
+            pytest.approx(found.self_us_per_step))
+
+
+def test_python_events_are_parsed_only_when_asked_and_lose_addresses() -> None:
+    trace = host_trace(canary=False)
+    assert profile.parse_trace(trace.events).python_events == ()
+    events = profile.parse_trace(trace.events, python=True).python_events
+    assert len(events) == 4 * 4 + 2
+    assert {event.thread for event in events} == {"1:11", "1:12"}
+    assert sum(event.name == C_REPLAY for event in events) == 4  # 4 addresses, one name
+
+
+def test_host_figures_nest_by_time_and_count_recursion_once() -> None:
+    host = host_of(host_trace(canary=True))
+    assert (host.thread, host.thread_rule) == ("1:11", profile.THREAD_IN_LAUNCHES)
+    assert (host.threads, host.steps, host.window) == (2, 3, profile.STEP_WINDOW)
+    assert host.wall_us_per_step == pytest.approx(100.0)
+    assert host.python_us_per_step == pytest.approx(50.0)  # run_batch, cut at both edges
+    assert host.canary_us_per_step == pytest.approx(20.0)  # check; fold, _emit inside it
+    # calls starting in [100, 400): 9 a repetition, the first's 4 outer calls (95..99.5) and
+    # the last's 5 canary calls (420..436) are out, its 4 outer calls (395..399.5) are in
+    assert host.calls_per_step == pytest.approx((5 + 2 * 9 + 4) / 3)
+    assert function(host, RUN_BATCH) == (1.0, 50.0, 6.0)  # 50 - forward 24 - check 20
+    assert function(host, FORWARD) == (1.0, 24.0, 17.0)
+    assert function(host, REPLAY) == (1.0, 7.0, 1.5)
+    assert function(host, C_REPLAY) == (1.0, 5.5, 5.5)
+    assert function(host, CHECK) == (1.0, 20.0, 3.0)  # 20 - fold 14 - _emit 3
+    assert function(host, FOLD) == (3.0, 14.0, 14.0)  # not 24: nested folds counted once
+    assert function(host, EMIT) == (1.0, 3.0, 3.0)
+    assert [stat.name for stat in host.functions] == [RUN_BATCH, FORWARD, CHECK, FOLD, REPLAY,
+                                                      C_REPLAY, EMIT]
+    assert sum(stat.self_us_per_step for stat in host.functions) == pytest.approx(50.0)
+    assert [stat.name for stat in host.canary_functions()] == [CHECK, FOLD, EMIT]
+
+
+def test_the_main_thread_is_that_of_the_launches_or_the_busiest_inside_them() -> None:
+    same = host_of(host_trace(canary=False, main_tid=1))  # the launches' own thread
+    assert (same.thread, same.thread_rule) == ("1:1", profile.THREAD_OF_LAUNCHES)
+    # the waiting thread is inside a call at every launch and has more time, fewer calls
+    assert host_of(host_trace(canary=False)).thread == "1:11"
+    no_graphs = TraceBuilder()
+    python_event(no_graphs, WAIT, tid=OTHER, ts=0.0, dur=900.0)
+    for step in range(3):
+        python_event(no_graphs, RUN_BATCH, tid=MAIN, ts=100.0 * step, dur=40.0)
+        python_event(no_graphs, FORWARD, tid=MAIN, ts=100.0 * step + 1, dur=20.0)
+    host = profile.summarise_host(profile.parse_trace(no_graphs.events, python=True),
+                                  fallback_steps=2)
+    assert (host.thread, host.thread_rule, host.window) == (
+        "1:11", profile.THREAD_MOST_CALLS, profile.WHOLE_WINDOW)
+    assert (host.steps, host.wall_us_per_step) == (2, pytest.approx(120.0))  # 0..240 / 2
+    assert function(host, RUN_BATCH) == (1.5, 60.0, 30.0)
+    assert profile.summarise_host(profile.parse_trace(decode_trace().events, python=True),
+                                  fallback_steps=2) is None
+
+
+def test_host_diff_lists_changes_of_20_us_or_more_added_first() -> None:
+    base, other = host_of(host_trace(canary=False)), host_of(host_trace(canary=True))
+    assert function(base, RUN_BATCH) == (1.0, 25.0, 1.0)
+    diffs = profile.diff_hosts(base=base, other=other)
+    assert [(diff.change, diff.name) for diff in diffs] == [("added", CHECK),
+                                                            ("time", RUN_BATCH)]
+    assert diffs[0].delta_us == pytest.approx(20.0) and diffs[1].delta_us == pytest.approx(25.0)
+    assert (diffs[0].base_calls, diffs[0].calls) == (0.0, 1.0)  # fold +14, _emit +3: below 20
+    assert [diff.change for diff in profile.diff_hosts(base=other, other=base)] == [
+        "removed", "time"]
+    lines = profile.host_diff_table(base=base, other=other, diffs=diffs)
+    assert lines[0].startswith("  wall +0.0 us/step (100.0 -> 100.0); in Python calls +25.0; "
+                               "in kv_canary functions +20.0; calls +5/step")
+    assert lines[2].split()[0] == "added" and lines[2].endswith(
+        "kv_canary/checker.py(50): check")
+    assert profile.host_diff_table(base=base, other=base, diffs=())[-1] == (
+        "  no function differs")
+
+
+def test_function_names_shorten_to_two_path_components() -> None:
+    assert profile.short_function(CHECK) == "kv_canary/checker.py(50): check"
+    assert profile.short_function(C_REPLAY) == C_REPLAY
+    long = f"{SITE}/kv_canary/checker.py(7): " + "f" * 100
+    assert len(profile.short_function(long)) == 80 and profile.short_function(long).endswith(
+        "...")
+    twins = [f"/a/{SITE}/x/y.py(1): g", f"/b/{SITE}/x/y.py(1): g"]
+    names = profile.display_functions(twins)
+    assert len(set(names.values())) == 2 and all(name.startswith("x/y.py(1): g [")
+                                                 for name in names.values())
+    assert profile.is_canary_function(FOLD) and not profile.is_canary_function(RUN_BATCH)
+    assert not profile.is_canary_function("<built-in method kv_canary_thing>")
+
+
+def test_start_profile_request_and_environment_with_and_without_cpu() -> None:
+    base = profile.profile_request(trace_dir=pathlib.Path("/t"), steps=20, prefix="p")
+    assert (base["activities"], base["with_stack"], base["record_shapes"]) == (
+        ["GPU"], False, False)
+    cpu = profile.profile_request(trace_dir=pathlib.Path("/t"), steps=20, prefix="p", cpu=True)
+    assert (cpu["activities"], cpu["with_stack"], cpu["num_steps"]) == (
+        ["CPU", "GPU"], True, 20)
+    assert "SGLANG_PROFILE_WITH_STACK" not in profile.profiler_env(pathlib.Path("/t"))
+    assert profile.profiler_env(pathlib.Path("/t"), cpu=True)["SGLANG_PROFILE_WITH_STACK"] == (
+        "true")
+    assert profile.parse_args([]).cpu is False and profile.parse_args(["--cpu"]).cpu is True
+
+
+def test_streaming_reader_matches_the_whole_file_reader(tmp_path: pathlib.Path) -> None:
+    document = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "H200"}],
+                "traceName": "x", "traceEvents": host_trace(canary=True).events,
+                "displayTimeUnit": "ms"}
+    packed = tmp_path / "x.trace.json.gz"
+    packed.write_bytes(gzip.compress(json.dumps(document, indent=2).encode()))
+    plain = tmp_path / "bare.json"
+    plain.write_text(json.dumps(document["traceEvents"]))
+    for path in (packed, plain):
+        for read_chars in (7, 1 << 20):  # refills inside numbers, strings and events
+            assert list(profile.iter_trace_events(path, read_chars=read_chars)) == (
+                document["traceEvents"])
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"traceEvents": [ ]}')
+    assert list(profile.iter_trace_events(empty)) == []
+    truncated = tmp_path / "cut.json"
+    truncated.write_text(plain.read_text()[:-300])
+    with pytest.raises(ValueError):
+        list(profile.iter_trace_events(truncated, read_chars=64))
+    no_events = tmp_path / "none.json"
+    no_events.write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="no list of trace events"):
+        list(profile.iter_trace_events(no_events))
+    assert profile.uncompressed_bytes(packed) == len(json.dumps(document, indent=2).encode())
+    assert profile.uncompressed_bytes(plain) == plain.stat().st_size
+
+
+def test_analyse_trace_adds_host_figures_or_says_why_not(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "x.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(host_trace(canary=True).document()).encode()))
+    analysis = profile.analyse_trace(path, fallback_steps=19, host=True)
+    assert analysis.summary == summary_of(host_trace(canary=True))
+    assert analysis.host == host_of(host_trace(canary=True)) and analysis.host_note is None
+    assert profile.analyse_trace(path, fallback_steps=19, host=False).host is None
+    big = profile.analyse_trace(path, fallback_steps=19, host=True, max_host_bytes=100)
+    assert big.host is None and big.host_note.startswith("skipped: the trace holds 0.00 GB")
+    assert big.summary == analysis.summary
+    gpu_only = tmp_path / "y.trace.json.gz"
+    gpu_only.write_bytes(gzip.compress(json.dumps(decode_trace().document()).encode()))
+    assert profile.analyse_trace(gpu_only, fallback_steps=19, host=True).host_note == (
+        "no python_function events in the trace (stacks were not recorded)")
+    assert profile.summarise_trace(gpu_only, fallback_steps=19) == summary_of(decode_trace())
+
+
+def test_cpu_reports_hold_host_tables_and_diffs(tmp_path: pathlib.Path) -> None:
+    options = profile.parse_args(["--cpu", "--configs", "off,all-checks,oracle",
+                                  "--out-dir", str(tmp_path)])
+    model = profile.MODELS["tiny"]
+    workload = profile.WORKLOADS_BY_NAME["decode64_8k"]
+    results = [
+        dataclasses.replace(_result("off", decode_trace()), host=host_of(
+            host_trace(canary=False))),
+        dataclasses.replace(_result("all-checks", decode_trace(canary=True)),
+                            host=host_of(host_trace(canary=True))),
+        dataclasses.replace(_result("oracle", decode_trace()),
+                            host_note="skipped: the trace holds 2.00 GB of JSON")]
+    text = profile.write_reports(options=options, model=model, workload=workload,
+                                 results=results)
+    assert "with host (Python) time ==" in text.splitlines()[0]
+    assert text.count("host (Python): scheduler main thread 1:11 of 2 traced") == 2
+    assert "host figures per step = totals over that window / 3 steps" in text
+    assert "with_stack's Python tracer inflates Python time" in text
+    assert "top 25 by inclusive us/step" in text and "top 25 by self us/step" in text
+    assert "3 functions whose path contains kv_canary" in text
+    assert "0 functions whose path contains kv_canary, by inclusive us/step: none" in text
+    assert "host (Python): skipped: the trace holds 2.00 GB of JSON" in text
+    assert "-- all-checks vs off: host (Python) inclusive us/step, changes of 20 us" in text
+    assert "-- oracle vs off: host" not in text
+    row = next(line for line in text.splitlines() if line.endswith("hashing.py(10): fold"))
+    assert row.split()[:3] == ["3.00", "14.0", "14.0"]
+    document = json.loads((tmp_path / "summary.json").read_text())
+    assert document["options"]["cpu"] is True
+    functions = document["results"][1]["host"]["functions"]
+    assert functions[0] == {"name": RUN_BATCH, "calls_per_step": 1.0,
+                            "inclusive_us_per_step": pytest.approx(50.0),
+                            "self_us_per_step": pytest.approx(6.0)}
+    assert [row["change"] for row in document["host_diffs"]["all-checks"]] == ["added", "time"]
+    assert document["results"][2]["host"] is None
+    assert "host 100 us/step wall, 50 in Python" in profile.progress_line(results[1])

@@ -219,6 +219,7 @@ def _verify_tile(
     WORDS2: tl.constexpr,
     WORDS3: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
+    REAL_DATA_STRIDE: tl.constexpr,
 ):
     """Verify positions ``position`` (lanes ``lanes_on``) of pool row ``rp`` whose prefix length
     is ``prefix``; append violation rows; return the number of slots verified (int64)."""
@@ -238,13 +239,18 @@ def _verify_tile(
         reasons |= tl.where(~new & stamped, _VERIFY_OVERWRITTEN, 0)
         reasons |= tl.where(new & ~stamped, _VERIFY_UNWRITTEN, 0)
     if NUM_SOURCES > 0:
+        # The lanes whose bytes are read: every mapped one, or with a stride the prefix
+        # positions due this step and the new ones (whose fingerprints are stored).
+        folded = mapped
+        if REAL_DATA_STRIDE > 1:
+            folded = mapped & (((position + step) % REAL_DATA_STRIDE == 0) | new)
         live = slot_fingerprint(
-            slot, mapped,
+            slot, folded,
             src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
             src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
             NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
         )
-        checked = ~stamped
+        checked = ~stamped & folded
         if PHASE == POST:
             # A new slot's bytes were just written by the model: store, do not check.
             checked = checked & ~new
@@ -512,6 +518,7 @@ def _canary_forward_kernel(
     WORDS2: tl.constexpr,
     WORDS3: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
+    REAL_DATA_STRIDE: tl.constexpr,
     ROW_BLOCK: tl.constexpr,
     VERIFY_TILE: tl.constexpr,
     WRITE_TILE: tl.constexpr,
@@ -565,7 +572,7 @@ def _canary_forward_kernel(
                 src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
                 src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
                 PHASE, VERIFY_TOKEN, NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3,
-                WORD_CHUNK,
+                WORD_CHUNK, REAL_DATA_STRIDE,
             )
         item_base += total
 
@@ -760,6 +767,7 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         HAS_EXPECTED_POSITIONS=batch.expected_positions is not None,
         HAS_HOST_SEQ_LENS=phase is CheckKind.PRE_VERIFY and batch.host_seq_lens is not None,
         **real,
+        REAL_DATA_STRIDE=1 if real_data is None else real_data.verify_stride,
         ROW_BLOCK=tiles.row_block,
         VERIFY_TILE=verify_tile,
         WRITE_TILE=tiles.write_tile,

@@ -57,7 +57,8 @@ advances ``COUNTER_STEP`` itself and so cannot read it race-free):
 1. verify (``POST_VERIFY``) every position ``p`` in ``[0, min(P + n, L))``, same checks as the pre
    launch, plus real data (only here: the pre launch does not fold bytes) and: for ``p < P``
    ``VERIFY_REAL_KV`` (real data on, ``r.stamp != S + 1``) if ``r.fingerprint`` differs from
-   the fingerprint of the slot's live bytes, ``VERIFY_OVERWRITTEN`` if ``r.stamp == S + 1`` (a
+   the fingerprint of the slot's live bytes (only where ``(p + S) % verify_stride == 0``, see
+   :class:`~.kernel_inputs.RealDataSources`), ``VERIFY_OVERWRITTEN`` if ``r.stamp == S + 1`` (a
    prefix slot was rewritten by this forward); for ``p >= P`` ``VERIFY_UNWRITTEN`` if ``r.stamp
    != S + 1`` (the position this forward wrote maps to a slot it did not write), and instead of
    checking the fingerprint, real data on and ``r.stamp == S + 1``:
@@ -238,7 +239,7 @@ def _verify_row(
     new = positions >= row.prefix
     if state.real_data is not None and phase is _POST:  # real data: after the forward only
         live_bytes = fingerprints(state, slots)
-        checked = ~stamped & ~new
+        checked = ~stamped & ~new & ((positions + step) % state.real_data.verify_stride == 0)
         reasons |= (checked & (record.fingerprint != live_bytes)) * int(Reason.VERIFY_REAL_KV)
     expected_token = torch.full_like(positions, NO_EXPECTED_TOKEN)
     if batch.verifies_tokens:

@@ -49,11 +49,15 @@ class RealDataSources:
     bytes), row = slot. Each row's words are contiguous; the row stride is arbitrary; sources may
     differ in ``words_per_row`` and ``num_kv_rows``. In SGLang: K and V of the first and of the
     last layer. ``partial``: fold 2 words (16 bytes) per source, rotating over the row with the
-    slot (needs ``words_per_row >= 2``); otherwise fold every word.
+    slot (needs ``words_per_row >= 2``); otherwise fold every word. ``verify_stride``: the post
+    launch checks the bytes of prefix position ``p`` only in forwards whose step ``S`` has
+    ``(p + S) % verify_stride == 0`` (1: every prefix slot in every forward); the new slots'
+    fingerprints are always stored, and the sweep checks every slot it is given.
     """
 
     sources: tuple[torch.Tensor, ...]
     partial: bool
+    verify_stride: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.sources, tuple):
@@ -67,6 +71,11 @@ class RealDataSources:
             )
         if not isinstance(self.partial, bool):
             raise TypeError(f"RealDataSources.partial must be a bool, got {self.partial!r}")
+        stride = self.verify_stride
+        if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= 1 << 20:
+            raise ValueError(
+                f"RealDataSources.verify_stride must be an int in [1, {1 << 20}], got {stride!r}"
+            )
         for index, words in enumerate(self.sources):
             name = f"sources[{index}]"
             _check_matrix(self, name, words, torch.int64)

@@ -83,6 +83,7 @@ class CanaryConfig:
 
     mode: CanaryMode = CanaryMode.NONE
     real_data: RealDataMode = RealDataMode.NONE
+    real_data_stride: int = 1
     sweep_interval: int = 0
     enable_token_oracle: bool = False
     enable_write_input_assert: bool = False
@@ -115,6 +116,8 @@ class CanaryConfig:
         parts = [f"mode={self.mode.value}"]
         if self.canary_enabled:
             parts.append(f"real_data={self.real_data.value}")
+            if self.real_data_stride > 1:
+                parts.append(f"real_data_stride={self.real_data_stride}")
             parts.append(f"sweep_interval={self.sweep_interval}")
             parts.append(f"ring_capacity={self.ring_capacity}")
             parts.append(f"stats_every={self.stats_print_every_n_steps}")
@@ -173,14 +176,18 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise _error(name, raw, "1/0, true/false, yes/no, on/off")
 
 
-def _int_parser(*, minimum: int) -> Parser:
+def _int_parser(*, minimum: int, maximum: int | None = None) -> Parser:
+    allowed = f"an integer >= {minimum}" if maximum is None else (
+        f"an integer in [{minimum}, {maximum}]"
+    )
+
     def parse(name: str, raw: str) -> int:
         try:
             value = int(raw.strip())
         except ValueError:
-            raise _error(name, raw, f"an integer >= {minimum}") from None
-        if value < minimum:
-            raise _error(name, raw, f"an integer >= {minimum}")
+            raise _error(name, raw, allowed) from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise _error(name, raw, allowed)
         return value
 
     return parse
@@ -224,6 +231,14 @@ def _needs_a_perturbation(config: CanaryConfig) -> str | None:
     if config.perturb.any_enabled:
         return None
     return f"no perturbation is enabled (every {ENV_PREFIX}PERTURB_*_PROB is 0)"
+
+
+def _needs_real_data(config: CanaryConfig) -> str | None:
+    if reason := _needs_canary(config):
+        return reason
+    if config.real_data is not RealDataMode.NONE:
+        return None
+    return f"{ENV_PREFIX}REAL_DATA=none (no bytes are fingerprinted); set it to partial or all"
 
 
 def _needs_sweep(config: CanaryConfig) -> str | None:
@@ -276,6 +291,13 @@ KNOBS: tuple[Knob, ...] = (
          meaning="fingerprint of the real K/V bytes per slot, K and V of the first and last "
                  "layer (partial: 16 bytes of each, rotating with the slot)",
          off_value="none", no_effect=_needs_canary),
+    Knob(suffix="REAL_DATA_STRIDE", field="real_data_stride",
+         parse=_int_parser(minimum=1, maximum=1 << 20), default="1",
+         allowed="integer in [1, 1048576]",
+         meaning="the post-forward verify checks the real bytes of a request's prefix position p "
+                 "in the forwards whose step s has (p + s) % N == 0: each prefix slot every N "
+                 "forwards, at 1/N of the cost (1: every slot in every forward)",
+         off_value="1", no_effect=_needs_real_data),
     Knob(suffix="SWEEP_INTERVAL", field="sweep_interval", parse=_int_parser(minimum=0),
          default="0", allowed="integer >= 0",
          meaning="every N steps verify every slot held by the radix cache (0: off)",

@@ -32,7 +32,9 @@ def fingerprinted_buffers(kv_pool: object) -> list[tuple[str, torch.Tensor]]:
     return buffers
 
 
-def real_data_sources(*, kv_pool: object, real_data: RealDataMode) -> RealDataSources | None:
+def real_data_sources(
+    *, kv_pool: object, real_data: RealDataMode, verify_stride: int = 1
+) -> RealDataSources | None:
     """Word views of the fingerprinted K/V rows, or None with real data off.
 
     Raises:
@@ -55,7 +57,8 @@ def real_data_sources(*, kv_pool: object, real_data: RealDataMode) -> RealDataSo
                  f"bytes; set {_VARIABLE}=all"]
             )
         views.append(buffer.view(buffer.shape[0], -1).view(torch.int64))
-    return RealDataSources(sources=tuple(views), partial=real_data is RealDataMode.PARTIAL)
+    return RealDataSources(sources=tuple(views), partial=real_data is RealDataMode.PARTIAL,
+                           verify_stride=verify_stride)
 
 
 def allocate_device_state(
@@ -65,7 +68,8 @@ def allocate_device_state(
     the pool's device. A zero record never verifies, so a slot read before any forward wrote it
     is reported."""
     keys = kv_pool.k_buffer[0]
-    sources = real_data_sources(kv_pool=kv_pool, real_data=config.real_data)
+    sources = real_data_sources(kv_pool=kv_pool, real_data=config.real_data,
+                                verify_stride=config.real_data_stride)
     # Plain tensors even if start-up runs under inference mode: they are updated in place later.
     with torch.inference_mode(False):
         return CanaryDeviceState.zeros(
