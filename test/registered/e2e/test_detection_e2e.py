@@ -9,7 +9,7 @@ tiny dummy-weight model (fixtures from ``e2e_fixtures.py``: ``canary_server(env=
 2. ``req_to_token`` perturbation: every fault is reported with ``verify_position`` (chain/position
    reasons only); ``log`` mode keeps serving, ``raise`` mode stops the scheduler with the lines.
 3. ``real_kv_used`` perturbation: ``verify_real_kv_hash`` with ``REAL_DATA=partial``, silent with
-   ``none``.
+   ``none``; with ``REAL_DATA_STRIDE=4`` caught exactly at the positions due in the fault's step.
 4. Canary on and off generate identical tokens.
 5. Piecewise CUDA graph (SGLang 0.5.12's default) is refused at start-up, naming the flag.
 """
@@ -182,6 +182,35 @@ def test_real_kv_used_fault_is_caught_by_the_real_data_check(canary_server) -> N
     faults, rows = _faults_and_rows(server.log_text())
     assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_REAL_KV,
                               allowed=int(Reason.VERIFY_REAL_KV))
+
+
+@pytest.mark.gpu
+def test_a_real_data_stride_catches_the_faults_at_positions_due_in_their_forward(
+    canary_server,
+) -> None:
+    """With ``REAL_DATA_STRIDE=4`` a byte flipped for one forward (the perturbation restores it
+    after that forward) is caught exactly when its position is due in that forward's step
+    (``(position + step) % 4 == 0``); the others go unseen: the price of the stride."""
+    stride = 4
+    env = {**_CANARY, **PERTURB, "SGLANG_KV_CANARY_MODE": "log",
+           "SGLANG_KV_CANARY_REAL_DATA_STRIDE": str(stride),
+           "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB": "0.3"}
+    server = canary_server(env=env, args=_GRAPH_ARGS)
+    _perturbation_traffic(server, rounds=6)
+    server.generate(_request("last", _tokens(random.Random(1), 30), 8))
+    log = server.log_text()
+    assert f"real_data_stride={stride}" in log
+    faults, rows = _faults_and_rows(log)
+    assert all(r.reasons == int(Reason.VERIFY_REAL_KV) for r in rows)
+    reported = {(r.step, r.position) for r in rows}
+    due = [f for f in faults if (int(f["position"]) + int(f["step"])) % stride == 0]
+    not_due = [f for f in faults if f not in due]
+    assert due and not_due, f"{len(due)} due and {len(not_due)} other faults: draw more"
+    missed = [f.group(0) for f in due
+              if (int(f["step"]), int(f["position"])) not in reported]
+    assert not missed, "\n".join(missed[:10])
+    assert not [f.group(0) for f in not_due
+                if (int(f["step"]), int(f["position"])) in reported]
 
 
 @pytest.mark.gpu
