@@ -100,6 +100,20 @@ def test_replay_fills_raw_rows_and_resets_padded_rows() -> None:
     assert rooms.tolist() == [5, -1, -1] + [-1] * 5
 
 
+def test_replays_of_the_same_id_tensors_skip_the_fill_and_new_ones_refill() -> None:
+    runner = _runner()
+    capture_batch = _capture_decode(runner, 4, torch.ones(MAX_BS, dtype=torch.int32))
+    buffers, _ = request_ids_of(capture_batch)
+    live = _live_batch(runner, ["a", "b"], [-1, -1])
+    after_replay_prepare(None, runner, live)
+    assert buffers[:2].tolist() == [rid_hash("a"), rid_hash("b")]
+    buffers[0] = 123  # only a fill writes the buffers: a skipped fill leaves this mark
+    after_replay_prepare(None, runner, live)  # the same tensors (a decode batch kept its rows)
+    assert buffers[0].item() == 123
+    after_replay_prepare(None, runner, _live_batch(runner, ["a", "b"], [-1, -1]))  # new tensors
+    assert buffers[:2].tolist() == [rid_hash("a"), rid_hash("b")]
+
+
 def test_in_graph_consumer_sees_the_replayed_batch() -> None:
     """fill_expected_inputs on the capture batch reads whatever the last replay filled in."""
     runner = _runner()

@@ -90,5 +90,18 @@ def test_sample_next_tokens_is_the_oracle_at_position_plus_one(position_dtype: t
     assert tokens.tolist() == [oracle_token(i, p + 1, vocab_size) for i, p in zip(ids, positions)]
 
 
+
+def test_sampling_by_request_selects_the_room_over_the_rid() -> None:
+    manager = TokenOracleManager(oracle=HashOracle(vocab_size=4096))
+    rids, rooms, positions = [11, -4, 1 << 50], [-1, 9, 0], [0, 17, 4000]
+    tokens = manager.sample_next_tokens_by_request(
+        rids_int=torch.tensor(rids, dtype=torch.int64),
+        bootstrap_room_ids_int=torch.tensor(rooms, dtype=torch.int64),
+        logits_positions=torch.tensor(positions, dtype=torch.int32),
+    )
+    generalized = [room if room >= 0 else rid for rid, room in zip(rids, rooms)]
+    assert tokens.dtype == torch.int32
+    assert tokens.tolist() == [oracle_token(i, p + 1, 4096) for i, p in zip(generalized, positions)]
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

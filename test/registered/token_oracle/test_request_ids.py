@@ -20,6 +20,7 @@ from sglang.srt.kv_canary.hooks.forward_batch import after_init_new, after_pad_i
 from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
 from sglang.srt.kv_canary.token_oracle import request_ids
 from sglang.srt.kv_canary.token_oracle.request_ids import (
+    BatchRequestIds,
     MissingRequestIdsError,
     bootstrap_rooms_to_tensor,
     generalized_req_ids_of,
@@ -109,6 +110,20 @@ def test_request_ids_to_tensors_one_copy_two_rows() -> None:
     assert rids_int.is_contiguous() and rooms.is_contiguous()
     with pytest.raises(ValueError, match="differ in length"):
         request_ids_to_tensors(rids=["a"], bootstrap_rooms=[], device="cpu")
+
+
+def test_batch_request_ids_reuse_the_tensors_while_the_requests_are_unchanged() -> None:
+    ids = BatchRequestIds(device="cpu")
+    first = ids.tensors_for(rids=["a", "b"], bootstrap_rooms=[None, 7])
+    assert first[0].tolist() == [rid_hash("a"), rid_hash("b")] and first[1].tolist() == [-1, 7]
+    again = ids.tensors_for(rids=["a", "b"], bootstrap_rooms=[None, 7])
+    assert again[0] is first[0] and again[1] is first[1]
+    for rids, rooms in ((["b", "a"], [7, None]), (["a", "b"], [None, 8]), (["a"], [None]),
+                        (["a", "b", "c"], [None, 7, None])):
+        changed = ids.tensors_for(rids=rids, bootstrap_rooms=rooms)
+        assert changed[0] is not first[0]
+        assert changed[0].tolist() == [rid_hash(r) for r in rids]
+        assert changed[1].tolist() == [-1 if room is None else room for room in rooms]
 
 
 def test_select_generalized_req_ids_prefers_non_negative_rooms() -> None:

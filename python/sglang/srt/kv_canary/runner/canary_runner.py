@@ -95,8 +95,8 @@ from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.request_ids import (
     RID_PAD_VALUE,
     ROOM_PAD_VALUE,
+    BatchRequestIds,
     request_ids_of,
-    request_ids_to_tensors,
 )
 from sglang.srt.kv_canary.token_oracle.sampler import (
     TOKEN_ORACLE_BACKEND,
@@ -149,7 +149,10 @@ class CanaryRunner:
         self._host_seq_lens: torch.Tensor | None = None
         self._sweep: RadixSweep | None = None
         self._sweep_launches = 0
+        self._batch_ids = BatchRequestIds(device=self._device)
         self._graph_ids: dict[int, GraphRequestIdBuffers] = {}
+        # per graph runner: the id tensors its buffers were last filled from
+        self._graph_ids_source: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._captured_launches: dict[tuple[int, int], int] = {}
         self._launches_in_capture: int | None = None
         self._launches = 0  # canary launch pairs enqueued (eager + replayed) since serving started
@@ -422,10 +425,9 @@ class CanaryRunner:
         mode = forward_batch.forward_mode
         rids_int = rooms = sampled_rows = prompt_lens = None
         if self.config.enable_token_oracle:
-            rids_int, rooms = request_ids_to_tensors(
+            rids_int, rooms = self._batch_ids.tensors_for(
                 rids=[req.rid for req in reqs],
                 bootstrap_rooms=[req.bootstrap_room for req in reqs],
-                device=self._device,
             )
             if forward_batch.sampling_info is not None:
                 sampled_rows = SampledRows(
@@ -713,7 +715,13 @@ class CanaryRunner:
                 f"KV canary request ids: {rids_int.shape[0]} ids for a replayed batch of "
                 f"{forward_batch.batch_size} rows"
             )
+        # Only fill writes the buffers, and the id tensors are never written (BatchRequestIds
+        # reuses them while a batch keeps its requests): the same tensors, the same contents.
+        source = self._graph_ids_source.get(id(graph_runner))
+        if source is not None and source[0] is rids_int and source[1] is rooms:
+            return
         buffers.fill(rids_int=rids_int, bootstrap_room_ids_int=rooms)
+        self._graph_ids_source[id(graph_runner)] = (rids_int, rooms)
 
     def _installed_line(self) -> str:
         state = self.state

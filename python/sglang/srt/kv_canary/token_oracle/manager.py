@@ -102,11 +102,27 @@ class TokenOracleManager:
         Returns:
             int32 ``[n]``. No host sync.
         """
+        return self._sample(req_ids=generalized_req_ids, bootstrap_room_ids=None,
+                            logits_positions=logits_positions)
+
+    def sample_next_tokens_by_request(
+        self, *, rids_int: torch.Tensor, bootstrap_room_ids_int: torch.Tensor,
+        logits_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """:meth:`sample_next_tokens` of the rows' generalized ids, selected from ``rids_int``
+        and ``bootstrap_room_ids_int`` (int64 ``[n]``) in the same launch. No host sync."""
+        return self._sample(req_ids=rids_int, bootstrap_room_ids=bootstrap_room_ids_int,
+                            logits_positions=logits_positions)
+
+    def _sample(
+        self, *, req_ids: torch.Tensor, bootstrap_room_ids: torch.Tensor | None,
+        logits_positions: torch.Tensor,
+    ) -> torch.Tensor:
         tokens = torch.empty(
             logits_positions.shape, dtype=torch.int32, device=logits_positions.device
         )
         self.oracle.write_tokens(
-            req_ids=generalized_req_ids, bootstrap_room_ids=None, positions=logits_positions,
+            req_ids=req_ids, bootstrap_room_ids=bootstrap_room_ids, positions=logits_positions,
             position_offset=1, tokens_out=tokens,
         )
         return tokens

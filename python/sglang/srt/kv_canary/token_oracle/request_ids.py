@@ -180,3 +180,30 @@ def generalized_req_ids_of(holder: object) -> torch.Tensor:
     rids_int, rooms = request_ids_of(holder)
     return select_generalized_req_ids(vanilla_req_ids=rids_int, bootstrap_room_ids_int=rooms)
 
+
+class BatchRequestIds:
+    """:func:`request_ids_to_tensors` of consecutive batches, reusing the last batch's tensors
+    while its requests (rids and rooms, in order) are unchanged: a decode batch keeps its
+    requests for many steps, and each call would otherwise cost a pinned host tensor and a copy.
+
+    The returned tensors are shared between the batches that reuse them: nothing may write into
+    them (every consumer reads them or copies them).
+    """
+
+    def __init__(self, *, device: torch.device | str) -> None:
+        self._device = device
+        self._key: tuple[tuple[str, ...], tuple[object, ...]] | None = None
+        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tensors_for(
+        self, *, rids: Sequence[str], bootstrap_rooms: Sequence[object]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rids_int, bootstrap_room_ids_int)`` of one batch (see
+        :func:`request_ids_to_tensors`, whose errors it raises)."""
+        key = (tuple(rids), tuple(bootstrap_rooms))
+        if self._tensors is None or key != self._key:
+            self._tensors = request_ids_to_tensors(
+                rids=rids, bootstrap_rooms=bootstrap_rooms, device=self._device
+            )
+            self._key = key
+        return self._tensors

@@ -32,7 +32,7 @@ from sglang.srt.kv_canary.perturb.next_token_swap import (
     maybe_perturb_swap_next_tokens,
 )
 from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
-from sglang.srt.kv_canary.token_oracle.request_ids import generalized_req_ids_of
+from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.srt.layers.sampler import Sampler, register_sampler_backend
 
@@ -76,14 +76,15 @@ class OracleSampler(Sampler):
         """
         logits = logits_output.next_token_logits
         rows = logits.shape[0]
-        generalized_req_ids = generalized_req_ids_of(sampling_info)
-        if generalized_req_ids.shape[0] < rows or positions.shape[0] < rows:
+        rids_int, rooms = request_ids_of(sampling_info)
+        if rids_int.shape[0] < rows or positions.shape[0] < rows:
             raise ValueError(
-                f"token_oracle sampler: {rows} logits rows but {generalized_req_ids.shape[0]} "
+                f"token_oracle sampler: {rows} logits rows but {rids_int.shape[0]} "
                 f"request ids and {positions.shape[0]} positions"
             )
-        next_token_ids = self.manager.sample_next_tokens(
-            generalized_req_ids=generalized_req_ids[:rows], logits_positions=positions[:rows]
+        next_token_ids = self.manager.sample_next_tokens_by_request(
+            rids_int=rids_int[:rows], bootstrap_room_ids_int=rooms[:rows],
+            logits_positions=positions[:rows],
         )
         if self.next_token_swap is not None:
             next_token_ids = maybe_perturb_swap_next_tokens(
