@@ -569,3 +569,7 @@ def test_cpu_reports_hold_host_tables_and_diffs(tmp_path: pathlib.Path) -> None:
     assert [row["change"] for row in document["host_diffs"]["all-checks"]] == ["added", "time"]
     assert document["results"][2]["host"] is None
     assert "host 100 us/step wall, 50 in Python" in profile.progress_line(results[1])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
