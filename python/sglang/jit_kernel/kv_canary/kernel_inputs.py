@@ -500,7 +500,9 @@ def check_hash_oracle_inputs(
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not (
         1 <= vocab_size <= MAX_ORACLE_VOCAB_SIZE
     ):
-        raise ValueError(f"vocab_size={vocab_size!r} is invalid; allowed: [1, {MAX_ORACLE_VOCAB_SIZE}]")
+        raise ValueError(
+            f"vocab_size={vocab_size!r} is invalid; allowed: [1, {MAX_ORACLE_VOCAB_SIZE}]"
+        )
     allowed = {
         "req_ids": (torch.int64,),
         "bootstrap_room_ids": (torch.int64,),

@@ -49,7 +49,8 @@ class TokenOracle(Protocol):
     ) -> None:
         """The tokens of 1-D rows at ``positions + position_offset`` into ``tokens_out`` (and
         those positions into ``positions_out``); per row the generalized id is its bootstrap
-        room where that is >= 0, else its ``req_ids`` entry. No host sync, no allocation."""
+        room where that is >= 0, else its ``req_ids`` entry. No host sync; CUDA-graph
+        capturable."""
         ...
 
 
@@ -105,11 +106,12 @@ class HashOracle:
         :mod:`sglang.jit_kernel.kv_canary.hash_oracle`; its contract applies: ``req_ids`` /
         ``bootstrap_room_ids`` int64, ``positions`` int32 or int64, ``tokens_out`` int32 or
         int64, ``positions_out`` int64, all ``[n]``), its torch twin elsewhere. Identical to
-        :meth:`expected_tokens` at ``positions + position_offset``; no host sync, no allocation,
-        CUDA-graph capturable.
+        :meth:`expected_tokens` at ``positions + position_offset``; no host sync, CUDA-graph
+        capturable (the Triton launch allocates nothing).
 
         Raises:
-            TypeError / ValueError: see :func:`~sglang.jit_kernel.kv_canary.kernel_inputs.check_hash_oracle_inputs`.
+            TypeError / ValueError: the contract is not met (see
+                :func:`~sglang.jit_kernel.kv_canary.kernel_inputs.check_hash_oracle_inputs`).
         """
         _hash_oracle_launch(tokens_out.device)(
             req_ids=req_ids,

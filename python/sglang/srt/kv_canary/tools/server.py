@@ -5,8 +5,9 @@ group, so :meth:`RunningServer.stop` can kill the scheduler and detokenizer proc
 with stdout and stderr in one log file, listening on 127.0.0.1 only, on a free port picked here
 unless one is given, with a torch.distributed port (``--nccl-port``) picked here too unless the
 launch sets one; both lie below Linux's ephemeral port range, so servers started side by side do
-not race outgoing connections for them. Every wait is bounded. :func:`run_until_exit` runs a launch that is expected
-to stop by itself (a refused configuration) and returns its exit code and output.
+not race outgoing connections for them. Every wait is bounded. :func:`run_until_exit` runs a
+launch that is expected to stop by itself (a refused configuration) and returns its exit code and
+output.
 
 The server's environment comes from :func:`.environment.child_environment` (this process's
 environment plus ``ServerLaunch.env``). Linux only (process groups, ``/proc``).
