@@ -229,39 +229,40 @@ class TokenOracleManager:
                 f"{forward_batch.forward_mode.name} batch: {rows} rows of {block} tokens need "
                 f"{covered} tokens but the forward has {tokens_out.shape[0]}"
             )
-        if token_rule is _BlockTokenRule.EVERY_TOKEN and block == 1:  # decode: one launch
-            rids_int, rooms = request_ids_of(forward_batch)
-            self.oracle.write_tokens(
-                req_ids=rids_int[:rows], bootstrap_room_ids=rooms[:rows],
-                positions=forward_batch.seq_lens[:rows], position_offset=first_position_offset,
-                tokens_out=tokens_out[:rows], positions_out=positions_out[:rows],
-            )
-            tokens_out[rows:].fill_(NO_EXPECTATION)
-            positions_out[rows:].fill_(NO_EXPECTATION)
-            return
-        ids = generalized_req_ids_of(forward_batch)[:rows]
-        first = forward_batch.seq_lens[:rows].to(torch.int64) + first_position_offset
-        offsets = torch.arange(block, dtype=torch.int64, device=first.device)
-        positions = first[:, None] + offsets[None, :]  # [rows, block]
-        positions_out[:covered].view(rows, block).copy_(positions)
         tokens = tokens_out[:covered].view(rows, block)
+        positions = positions_out[:covered].view(rows, block)
         if token_rule is _BlockTokenRule.EVERY_TOKEN:
-            tokens.copy_(self.oracle.expected_tokens(generalized_req_ids=ids[:, None],
-                                                     positions=positions))
-        elif token_rule is _BlockTokenRule.FIRST_TOKEN:
-            tokens[:, 1:].fill_(NO_EXPECTATION)
-            tokens[:, 0].copy_(self.oracle.expected_tokens(generalized_req_ids=ids,
-                                                           positions=first))
+            # The oracle writes each column's tokens and positions: one launch per column (a
+            # decode batch has one), the generalized ids selected inside it.
+            rids_int, rooms = request_ids_of(forward_batch)
+            for j in range(block):
+                self.oracle.write_tokens(
+                    req_ids=rids_int[:rows], bootstrap_room_ids=rooms[:rows],
+                    positions=forward_batch.seq_lens[:rows],
+                    position_offset=first_position_offset + j,
+                    tokens_out=tokens[:, j], positions_out=positions[:, j],
+                )
         else:
-            num_accept_tokens = forward_batch.spec_info.num_accept_tokens
-            if num_accept_tokens is None:
-                raise ValueError("DRAFT_EXTEND_V2 batch without spec_info.num_accept_tokens")
-            predicted = self.oracle.expected_tokens(
-                generalized_req_ids=ids[:, None].expand(rows, block).contiguous(),
-                positions=positions + 1,
-            )
-            accepted = offsets[None, :] < num_accept_tokens[:rows, None]
-            tokens.copy_(torch.where(accepted, predicted.to(torch.int64), NO_EXPECTATION))
+            ids = generalized_req_ids_of(forward_batch)[:rows]
+            first = forward_batch.seq_lens[:rows].to(torch.int64) + first_position_offset
+            offsets = torch.arange(block, dtype=torch.int64, device=first.device)
+            positions.copy_(first[:, None] + offsets[None, :])
+            if token_rule is _BlockTokenRule.FIRST_TOKEN:
+                tokens[:, 1:].fill_(NO_EXPECTATION)
+                tokens[:, 0].copy_(self.oracle.expected_tokens(generalized_req_ids=ids,
+                                                               positions=first))
+            else:
+                num_accept_tokens = forward_batch.spec_info.num_accept_tokens
+                if num_accept_tokens is None:
+                    raise ValueError(
+                        "DRAFT_EXTEND_V2 batch without spec_info.num_accept_tokens"
+                    )
+                predicted = self.oracle.expected_tokens(
+                    generalized_req_ids=ids[:, None].expand(rows, block).contiguous(),
+                    positions=positions + 1,
+                )
+                accepted = offsets[None, :] < num_accept_tokens[:rows, None]
+                tokens.copy_(torch.where(accepted, predicted.to(torch.int64), NO_EXPECTATION))
         tokens_out[covered:].fill_(NO_EXPECTATION)
         positions_out[covered:].fill_(NO_EXPECTATION)
 
