@@ -6,11 +6,17 @@ This host work sits on the path to a request's first token, so it is what the ca
 TTFT when many requests with long cached prefixes arrive together. Per scenario (requests x
 prompt tokens, prefix already cached = prompt - 64):
 
-- ``prepare``: :meth:`RequestRows.prepare` (owner chains; ``+history``: token history too);
+- ``prepare``: :meth:`RequestRows.prepare` (owner chains; ``+history``: token history too), all
+  of it before the forward (how the runner admitted requests before the deferral);
 - ``floor``: reading every request's token list once into int64 arrays (``np.fromiter``): no
   canary can admit a request without reading its tokens;
 - ``torch``: the owner chains through ``torch.tensor`` + :func:`chain_terms_torch` (the form the
-  host used before; shows what the numpy path saves).
+  host used before; shows what the numpy path saves);
+- ``deferred: before``: what the runner now does before the forward of an extend batch
+  (``prepare(defer_new_owners=True)``: a new owner's row is only reset), with token history;
+- ``deferred: after``: :meth:`RequestRows.prepare_deferred`, the tokens and owner chains, which
+  the runner does after the model forward is enqueued (hidden behind the GPU's forward when that
+  takes longer).
 
 Runs on any machine (no GPU); ns/token and the ratios are what to compare.
 Usage: ``python benchmark/bench_admission_host.py``
@@ -32,7 +38,7 @@ from timing import host_time_us  # noqa: E402
 
 from sglang.jit_kernel.kv_canary.consts import CHAIN_ANCHOR  # noqa: E402
 from sglang.jit_kernel.kv_canary.hashing import chain_terms_torch  # noqa: E402
-from sglang.srt.kv_canary.runner.request_rows import RequestRows  # noqa: E402
+from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates  # noqa: E402
 
 SCENARIOS = ((64, 8192), (1, 32768), (64, 512))
 CACHED_TAIL = 64  # prompt tokens not in the radix cache
@@ -68,10 +74,13 @@ def main() -> None:
         prefix = prompt - CACHED_TAIL
         tokens = bs * prompt
 
-        def admit(token_history: bool) -> None:
+        def admit(token_history: bool, defer: bool = False) -> tuple[RequestRows, RowUpdates]:
             rows = RequestRows(num_rows=bs + 1, token_history=token_history, owner_chains=True,
                                pin_memory=False)
-            rows.prepare(reqs=reqs, prefix_lens=[prefix] * bs, seq_lens=[prompt] * bs)
+            return rows, rows.prepare(reqs=reqs, prefix_lens=[prefix] * bs,
+                                      seq_lens=[prompt] * bs, defer_new_owners=defer)
+
+        deferred_rows, deferred_updates = admit(True, defer=True)
 
         timings = {
             "floor": host_time_us(fn=lambda: [np.fromiter(r.origin_input_ids, np.int64, prompt)
@@ -79,6 +88,10 @@ def main() -> None:
             "prepare": host_time_us(fn=lambda: admit(False), repeats=5),
             "prepare+history": host_time_us(fn=lambda: admit(True), repeats=5),
             "torch chains": host_time_us(fn=lambda: _torch_chains(reqs, prefix), repeats=5),
+            "deferred: before": host_time_us(fn=lambda: admit(True, defer=True), repeats=5),
+            "deferred: after": host_time_us(
+                fn=lambda: deferred_rows.prepare_deferred(deferred_updates.deferred), repeats=5
+            ),
         }
         floor = timings["floor"].median
         for work, spread in timings.items():

@@ -46,7 +46,10 @@ arriving together; prompts are random ordinary token ids, identical across confi
   the 8128-token prefixes are prefilled in the warm-up round and reused from the radix cache by
   the measured rounds, whose prompts differ in their last 64 tokens;
 - ``bs1_32k``: 1 x 32768-token prompt, 256 new tokens (batch-1 decode at 32k), prefix reused
-  the same way.
+  the same way;
+- ``admit64_8k``: the prompts of ``decode64_8k`` (prefixes reused the same way) with 2 new tokens:
+  a round takes about a second, so many rounds measure the TTFT of admitting 64 requests with
+  8k cached tokens each, which varies by tens of ms from round to round.
 
 KV pool: every server gets ``--context-length 40960 --max-total-tokens 614400`` (64 x (8192 +
 256) = 540672 tokens run together in ``decode64_8k``); the 8b model also gets
@@ -222,9 +225,9 @@ MODELS: dict[str, ModelShape] = {
         # Seen on one H200: ready after 50-95 s; the 8k and 32k warm-ups prefill every prefix.
         startup_estimate_s=100.0,
         warm_up_estimate_s={"decode64": 4.5, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
-                            "decode64_8k": 28.0, "bs1_32k": 8.0},
+                            "decode64_8k": 28.0, "bs1_32k": 8.0, "admit64_8k": 20.0},
         round_estimate_s={"decode64": 2.0, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
-                          "decode64_8k": 10.5, "bs1_32k": 5.0},
+                          "decode64_8k": 10.5, "bs1_32k": 5.0, "admit64_8k": 1.5},
         server_args=(*POOL_ARGS, "--mem-fraction-static", "0.8"),
     ),
     "tiny": ModelShape(
@@ -235,9 +238,9 @@ MODELS: dict[str, ModelShape] = {
         # the first canary server compiles its kernels in its first warm-up.
         startup_estimate_s=110.0,
         warm_up_estimate_s={"decode64": 3.0, "bs1": 1.0, "prefill32": 0.5, "prefill64x512": 1.5,
-                            "decode64_8k": 1.5, "bs1_32k": 0.5},
+                            "decode64_8k": 1.5, "bs1_32k": 0.5, "admit64_8k": 1.5},
         round_estimate_s={"decode64": 0.7, "bs1": 0.8, "prefill32": 0.2, "prefill64x512": 1.2,
-                          "decode64_8k": 1.0, "bs1_32k": 0.5},
+                          "decode64_8k": 1.0, "bs1_32k": 0.5, "admit64_8k": 0.5},
         server_args=POOL_ARGS,
     ),
 }

@@ -75,7 +75,7 @@ class _HistorySync:
                                         device=self._staging.device)
         staging = self._staging[:words]
         staging.copy_(updates.packed, non_blocking=True)
-        _, section, _ = updates.sections_on(staging)
+        _, section, _, _ = updates.sections_on(staging)
         self.history.upload(section)
         self.rows.commit(updates)
 

@@ -105,6 +105,9 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload(name="bs1_32k", num_requests=1, prompt_tokens=32768, new_tokens=256,
              throughput="output", cached_prefix_tokens=32704,
              note="batch-1 decode over a 32k-token history"),
+    Workload(name="admit64_8k", num_requests=64, prompt_tokens=8192, new_tokens=2,
+             throughput="output", cached_prefix_tokens=8128,
+             note="admission: TTFT of 64 requests with 8k cached tokens arriving together"),
 )
 WORKLOADS_BY_NAME: dict[str, Workload] = {workload.name: workload for workload in WORKLOADS}
 

@@ -84,6 +84,7 @@ TRITON_MODULES = (
     f"{_PACKAGE}.canary_forward",
     f"{_PACKAGE}.sweep",
     f"{_PACKAGE}.hash_oracle",
+    f"{_PACKAGE}.admission_owner",
 )
 
 
@@ -114,6 +115,13 @@ def hash_oracle_launch(impl: str):
         module = importlib.import_module(f"{_PACKAGE}.hash_oracle_ref")
         return module.hash_oracle_tokens_torch_reference
     return import_triton_modules()["hash_oracle"].launch_hash_oracle_tokens
+
+
+def admission_impl(impl: str) -> ModuleType:
+    """Module with ``launch_admission_owner_check`` of ``impl``."""
+    if impl == "reference":
+        return importlib.import_module(f"{_PACKAGE}.admission_owner_ref")
+    return import_triton_modules()["admission_owner"]
 
 
 def sweep_impl(impl: str) -> ModuleType:

@@ -81,7 +81,8 @@ def _blind_kernels() -> CanaryKernels:
 
 def _kernels_without_ownership() -> CanaryKernels:
     """Reference kernels whose ownership check never fires: every owner chain reads as unknown
-    (0) in both launches, so each forward adopts the chain its records imply."""
+    (0) in both launches, so each forward adopts the chain its records imply, and the deferred
+    admission check (a new owner's first forward) does not run."""
     kernels = _KERNELS
 
     def unknown_owners(launch):
@@ -95,6 +96,7 @@ def _kernels_without_ownership() -> CanaryKernels:
         kernels,
         pre_forward=unknown_owners(kernels.pre_forward),
         post_forward=unknown_owners(kernels.post_forward),
+        admission_owner_check=lambda **_: None,
     )
 
 

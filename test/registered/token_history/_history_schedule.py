@@ -117,7 +117,7 @@ class SyncedHistory:
 
     def upload(self, updates: RowUpdates) -> None:
         device_packed = updates.packed.to(self.device, non_blocking=True, copy=True)
-        _, section, owners = updates.sections_on(device_packed)
+        _, section, owners, _ = updates.sections_on(device_packed)
         assert owners is None  # owner chains are not kept here
         self.history.upload(section)
         self.rows.commit(updates)

@@ -5,11 +5,13 @@
   lengths of an EXTEND/MIXED batch; on real ForwardBatch objects made by the real
   ``init_new``; applied by SGLang's HookRegistry to the real classmethod (``batch`` as a keyword
   too).
-* ``run_forward`` uploads the history before the forward; the in-forward part (what graph
-  capture records and replays) never does, and reads only the persistent history tensors.
+* ``run_forward`` uploads the history before the forward (a new owner's after the model is
+  enqueued, before the post launch); the in-forward part (what graph capture records and
+  replays) never does, and reads only the persistent history tensors.
 * Verify-token reports a slot holding a token the request never had; the write-input assert
-  compares prompt tokens with the history and generated tokens (also in MIXED batches) with the
-  oracle; the history alone (verify-token off) is only the write fallback.
+  compares prompt tokens with the request's tokens sent with the batch and generated tokens
+  (also in MIXED batches) with the oracle; the history alone (verify-token off) is only the
+  write fallback.
 * Start-up forwards without request ids, the eager overflow buffer, the EAGLE draft-decode
   switch, the memory reservation and the start-up line.
 """
@@ -155,14 +157,26 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
                                  monkeypatch=monkeypatch)
     inputs = batch_inputs_of(extend)
     history = inputs.row_updates.token_history
+    # Both rows have new owners: before the forward the device only forgets the rows' previous
+    # owners (known length 0); their tokens are deferred until the model is enqueued.
     assert history.req_pool_indices.tolist() == [1, 2]
-    assert history.req_all_ids_lens.tolist() == [3, 3]
-    assert history.req_all_ids_flat.tolist() == [5, 6, 7, 8, 9, 10]
+    assert history.req_all_ids_lens.tolist() == [0, 0]
+    assert history.req_all_ids_flat.tolist() == []
     assert extend.req_all_ids_flat is history.req_all_ids_flat  # the public views
     assert extend.req_all_ids_lens is history.req_all_ids_lens
+    assert [d.row for d in inputs.row_updates.deferred] == [1, 2]
     assert inputs.prompt_lens.tolist() == [3, 2]
+    # the write-input assert's prompt tokens: positions 0-2 of a, 1 of b (2 is generated)
+    assert inputs.prompt_tokens.tolist() == [5, 6, 7, 9, -1]
+    deferred = runner.request_rows.prepare_deferred(inputs.row_updates.deferred)
+    assert deferred.token_history.req_all_ids_lens.tolist() == [3, 3]
+    assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7, 8, 9, 10]
+    assert deferred.admissions.rows.tolist() == [1, 2]
+    assert deferred.admissions.prefix_lens.tolist() == [0, 1]
 
-    runner.request_rows.commit(inputs.row_updates)  # what the upload before the forward does
+    # what the uploads before the forward and after the model's enqueue do
+    runner.request_rows.commit(inputs.row_updates)
+    runner.request_rows.commit(deferred)
     reqs[0].output_ids.append(11)
     decode = _real_forward_batch(server, reqs, mode=ForwardMode.DECODE, monkeypatch=monkeypatch)
     inputs = batch_inputs_of(decode)
@@ -176,8 +190,11 @@ def test_without_the_write_input_assert_no_prompt_lengths_are_attached(monkeypat
     server, _ = token_check_server(token_config(write_input=False))
     extend = _real_forward_batch(server, sglang_reqs([[5, 6, 7]]), mode=ForwardMode.EXTEND,
                                  prefix_lens=[0], monkeypatch=monkeypatch)
-    assert extend.req_all_ids_flat.tolist() == [5, 6, 7]
-    assert batch_inputs_of(extend).prompt_lens is None
+    inputs = batch_inputs_of(extend)
+    assert extend.req_all_ids_flat.tolist() == []  # a new owner: deferred
+    deferred = server.runner.kv_canary.request_rows.prepare_deferred(inputs.row_updates.deferred)
+    assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7]
+    assert inputs.prompt_lens is None and inputs.prompt_tokens is None
 
 
 def test_init_new_hook_refuses_a_batch_without_one_request_per_row() -> None:
@@ -225,7 +242,7 @@ def test_hook_registry_applies_the_hook_to_the_real_classmethod() -> None:
         batch = model_worker_batch(mode=ForwardMode.EXTEND, reqs=sglang_reqs([[4, 5, 6]]),
                                    extend_prefix_lens=[0])
         forward_batch = ForwardBatch.init_new(batch=batch, model_runner=runner)
-        print(forward_batch.req_all_ids_flat.tolist(),
+        print(batch_inputs_of(forward_batch).prompt_tokens.tolist(),
               batch_inputs_of(forward_batch).prompt_lens.tolist(),
               forward_batch.rids_int.shape[0])
     """)
@@ -239,9 +256,12 @@ def test_hook_registry_applies_the_hook_to_the_real_classmethod() -> None:
 
 
 def test_run_forward_refreshes_the_history_before_the_forward() -> None:
+    """A continuing row's tokens are on the device before the model forward; a new owner's
+    (deferred admission) after the model is enqueued, before the post launch."""
     server, runner = token_check_server(token_config())
     history = runner.token_history
     seen = []
+    post_saw = []
     wrapper = server.runner.model.forward
     model_forward = wrapper.original
 
@@ -249,10 +269,18 @@ def test_run_forward_refreshes_the_history_before_the_forward() -> None:
         seen.append(history.lens.tolist())  # what the model's forward finds
         return model_forward(input_ids, positions, forward_batch)
 
+    post_forward = runner._kernels.post_forward
+
+    def recording_post_forward(*, state, batch):
+        post_saw.append(history.lens.tolist())
+        post_forward(state=state, batch=batch)
+
     wrapper.original = recording_model_forward
+    runner._kernels = dataclasses.replace(runner._kernels, post_forward=recording_post_forward)
     first = _request(server, "a", _prompt(1, 5))
     server.extend([(first, 5)])
-    assert seen[-1][first.req_pool_idx] == 5  # already scattered when the forward ran
+    assert seen[-1][first.req_pool_idx] == 0  # a new owner: not yet when the model ran
+    assert post_saw[-1][first.req_pool_idx] == 5  # but before the post launch
     server.decode([first])
     assert seen[-1][first.req_pool_idx] == 6  # the first output token, sampled at prefill
     assert history.tokens[first.req_pool_idx, :7].tolist() == first.tokens[:6] + [0]
@@ -349,7 +377,7 @@ def _corrupting_forward(*, mode: ForwardMode, token_index: int, value: int):
     return forward
 
 
-def test_write_input_compares_prompt_tokens_with_the_history(caplog_canary) -> None:
+def test_write_input_compares_prompt_tokens_with_the_request_s_own(caplog_canary) -> None:
     prompt = _prompt(5, 7)
     server, runner = token_check_server(
         token_config(), forward=_corrupting_forward(mode=ForwardMode.EXTEND, token_index=4,
@@ -363,8 +391,10 @@ def test_write_input_compares_prompt_tokens_with_the_history(caplog_canary) -> N
         (4, Reason.WRITE_TOKEN, prompt[4])
     ]
     verify_rows = [r for r in _rows(caplog_canary) if r.check != CheckKind.WRITE]
-    assert verify_rows and all(r.position == 4 and r.reasons == Reason.VERIFY_TOKEN
-                               for r in verify_rows)  # the next forward: the slot is wrong
+    # the post launch of the same forward (the history arrived after the model was enqueued)
+    # and the next forward: the slot is wrong
+    assert {r.step for r in verify_rows} == {write_rows[0].step, write_rows[0].step + 1}
+    assert all(r.position == 4 and r.reasons == Reason.VERIFY_TOKEN for r in verify_rows)
 
 
 def test_write_input_predicts_the_generated_tokens_of_mixed_batches(caplog_canary) -> None:

@@ -1,13 +1,16 @@
 """The self-check's token-check scenarios pass with the reference kernels, and fail when the
-check they rely on is taken away: a blind canary, no write-input expectations, no history
-fallback for prompt tokens (a self-check that cannot fail proves nothing)."""
+check they rely on is taken away: a blind canary, no write-input expectations, neither the
+prompt tokens sent with the batch nor the history fallback (a self-check that cannot fail proves
+nothing)."""
 
 import dataclasses
 import sys
 
 import pytest
+import torch
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_VIOLATIONS
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.scenarios import default_scenarios, run_scenario
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -72,17 +75,39 @@ def test_without_write_input_expectations_a_foreign_token_goes_unnoticed() -> No
     assert not outcome.passed and "missed" in outcome.detail
 
 
-def test_without_the_history_fallback_prompt_token_faults_are_missed() -> None:
-    """Write launches that see no history: an input_ids fault on a prompt token (which the
-    oracle does not predict) is then not reported in its own forward."""
+def _kernels_writing_without_history() -> CanaryKernels:
+    """Reference kernels whose write launch sees no token history."""
 
     def pre_forward(*, state, batch) -> None:  # the launch that writes (and checks inputs)
         no_history = dataclasses.replace(batch, token_history=None, token_history_lens=None)
         _KERNELS.pre_forward(state=state, batch=no_history)
 
-    kernels = dataclasses.replace(_KERNELS, pre_forward=pre_forward)
+    return dataclasses.replace(_KERNELS, pre_forward=pre_forward)
+
+
+def test_prompt_token_faults_are_caught_from_the_tokens_sent_with_the_batch() -> None:
+    """The write launch compares prompt tokens with the request's tokens sent with the batch, so
+    it needs no token history (a new owner's arrives only after the pre launch)."""
     outcome = run_scenario(_SCENARIOS["input_ids fault, token checks"], page_size=4,
-                           kernels=kernels)
+                           kernels=_kernels_writing_without_history())
+    assert outcome.passed, outcome.detail
+
+
+def test_without_the_prompt_tokens_and_the_history_prompt_token_faults_are_missed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Take both sources of a prompt token's expectation away (the tokens sent with the batch,
+    the history fallback): an input_ids fault on a prompt token (which the oracle does not
+    predict) is then not reported in its own forward."""
+    original = CanaryRunner._prompt_expectations
+
+    def no_prompt_tokens(self, **kwargs):
+        prompt_lens, prompt_tokens = original(self, **kwargs)
+        return prompt_lens, torch.full_like(prompt_tokens, -1)
+
+    monkeypatch.setattr(CanaryRunner, "_prompt_expectations", no_prompt_tokens)
+    outcome = run_scenario(_SCENARIOS["input_ids fault, token checks"], page_size=4,
+                           kernels=_kernels_writing_without_history())
     assert not outcome.passed and "missed" in outcome.detail
 
 

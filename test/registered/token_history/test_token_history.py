@@ -68,10 +68,10 @@ def test_full_updates_layout() -> None:
     assert updates.packed.dtype == torch.int64 and updates.packed.device.type == "cpu"
     # one buffer (one host-to-device copy): seq_lens (3), then rows, lengths, offsets, tokens
     assert updates.packed.shape == (3 + 3 * 3 + 1 + 6,)
-    seq_lens, history_view, owners = updates.sections_on(updates.packed.clone())
+    seq_lens, history_view, owners, admissions = updates.sections_on(updates.packed.clone())
     assert seq_lens.values.tolist() == [4, 1, 2]
     assert history_view.req_all_ids_flat.tolist() == [1, 2, 3, 4, 9, 8]
-    assert owners is None
+    assert owners is None and admissions is None
     assert updates.owners is None
     assert updates.commit_rows == (3, 1, 2) and updates.commit_history_lens == (4, 0, 2)
 
@@ -96,6 +96,57 @@ def test_new_owners_get_the_chain_of_their_own_tokens(token_history: bool) -> No
         assert second.token_history.offsets.tolist() == [0, 1, 4, 4]
     else:
         assert second.token_history is None
+
+
+@pytest.mark.parametrize("token_history", [True, False], ids=["with-history", "chains-only"])
+def test_deferred_admissions_reset_the_row_first_and_send_its_tokens_later(
+    token_history: bool,
+) -> None:
+    a, b = _req("a", [1, 2, 3], [4], row=3), _req("b", [7, 8, 9], [], row=1)
+    rows = RequestRows(num_rows=6, token_history=token_history, owner_chains=True,
+                       pin_memory=False)
+    rows.commit(rows.prepare(reqs=[a], prefix_lens=[3], seq_lens=[4]))
+    a.output_ids.append(5)
+    early = rows.prepare(reqs=[a, b], prefix_lens=[4, 2], seq_lens=[5, 3],
+                         defer_new_owners=True)
+    # a continues as before; b's row is only reset: owner chain unknown, no known tokens
+    assert [d.row for d in early.deferred] == [1] and early.deferred[0].prefix_len == 2
+    assert early.owners.rows.tolist() == [1] and early.owners.values.tolist() == [0]
+    assert early.admissions is None
+    if token_history:
+        assert early.token_history.req_all_ids_lens.tolist() == [5, 0]
+        assert early.token_history.req_all_ids_flat.tolist() == [5]
+    assert early.commit_rows == (3,)  # b's row keeps its previous owner until the late commit
+    late = rows.prepare_deferred(early.deferred)
+    assert late.seq_lens.values.tolist() == [] and late.owners is None
+    assert late.admissions.rows.tolist() == [1]
+    assert late.admissions.prefix_lens.tolist() == [2]
+    assert late.admissions.chains.tolist() == [chain_after_scalar(tokens=[7, 8])]
+    if token_history:
+        assert late.token_history.req_all_ids_lens.tolist() == [3]
+        assert late.token_history.req_all_ids_flat.tolist() == [7, 8, 9]
+    else:
+        assert late.token_history is None
+    rows.commit(early)
+    # the late part never uploaded: b is still a new owner, deferred again
+    again = rows.prepare(reqs=[b], prefix_lens=[2], seq_lens=[3], defer_new_owners=True)
+    assert [d.row for d in again.deferred] == [1]
+    rows.commit(again)
+    rows.commit(rows.prepare_deferred(again.deferred))
+    b.output_ids.append(10)
+    known = rows.prepare(reqs=[b], prefix_lens=[3], seq_lens=[4], defer_new_owners=True)
+    assert known.deferred == () and known.owners.rows.tolist() == []
+    if token_history:
+        assert known.token_history.req_all_ids_flat.tolist() == [10]
+
+
+def test_an_admission_that_writes_nothing_or_outruns_its_tokens_is_not_checked() -> None:
+    rows = RequestRows(num_rows=4, token_history=False, owner_chains=True, pin_memory=False)
+    idle, short = _req("idle", [1, 2], [], row=1), _req("short", [3], [], row=2)
+    early = rows.prepare(reqs=[idle, short], prefix_lens=[2, 4], seq_lens=[2, 5],
+                         defer_new_owners=True)
+    late = rows.prepare_deferred(early.deferred)
+    assert late.admissions.rows.tolist() == [] and late.unknown_owner_rows == 1
 
 
 def test_empty_batch_updates_and_upload() -> None:

@@ -28,7 +28,8 @@ import server_workloads as workloads  # noqa: E402
 
 ALL_CONFIGS = ("off", "all-checks", "all-checks-s4", "canary", "canary+partial", "oracle",
                "stock", "stock-piecewise")
-ALL_WORKLOADS = ("decode64", "bs1", "prefill32", "prefill64x512", "decode64_8k", "bs1_32k")
+ALL_WORKLOADS = ("decode64", "bs1", "prefill32", "prefill64x512", "decode64_8k", "bs1_32k",
+                 "admit64_8k")
 
 
 # ----------------------------------------------------------------------------- options
@@ -153,7 +154,8 @@ def test_workloads_and_the_pool_they_need() -> None:
     assert by_name["bs1_32k"].context_tokens == 32768 + 256 <= bench.CONTEXT_LENGTH
     assert [name for name, w in by_name.items() if w.step_target] == ["decode64_8k"]
     assert [name for name, w in by_name.items() if w.cached_prefix_tokens] == [
-        "decode64_8k", "bs1_32k"]
+        "decode64_8k", "bs1_32k", "admit64_8k"]
+    assert by_name["admit64_8k"].kv_tokens <= bench.MAX_TOTAL_TOKENS
     with pytest.raises(ValueError, match="new_tokens >= 2"):
         workloads.Workload(name="x", num_requests=1, prompt_tokens=8, new_tokens=1,
                            throughput="output")

@@ -533,3 +533,36 @@ def check_hash_oracle_inputs(
             raise ValueError(
                 f"{name} is on {tensor.device} but tokens_out is on {tokens_out.device}"
             )
+
+
+def check_admission_inputs(
+    *,
+    state: CanaryDeviceState,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    chains: torch.Tensor,
+) -> None:
+    """Raise unless the arguments meet the contract of :mod:`.admission_owner` (no host sync).
+
+    Raises:
+        TypeError: a tensor is not int64 (names it and its dtype).
+        ValueError: a tensor is not 1-D and contiguous, the three differ in length, or one is
+            not on the state's device.
+    """
+    tensors = {
+        "req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "chains": chains,
+    }
+    for name, tensor in tensors.items():
+        if tensor.dtype != torch.int64:
+            raise TypeError(f"{name} has dtype {tensor.dtype}; allowed: torch.int64")
+        if tensor.dim() != 1 or not tensor.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous 1-D tensor, got shape {tuple(tensor.shape)} and "
+                f"strides {tensor.stride()}"
+            )
+        if tensor.shape[0] != req_pool_indices.shape[0]:
+            raise ValueError(
+                f"{name} has {tensor.shape[0]} entries but req_pool_indices has "
+                f"{req_pool_indices.shape[0]}"
+            )
+        check_same_device(state=state, device=tensor.device, what=name)

@@ -4,8 +4,8 @@ Models a scheduler / overlap / speculative bug that feeds the model a token the 
 not have. The model then stores the K/V of the wrong token, and the canary's record of that slot
 says so consistently (the record is written from the same ``input_ids``), so the chain and
 position checks stay silent: only the token checks can see it, the write-input assert in the
-same forward (``write_token``: the oracle's token for a decode row, the request's history for a
-prompt token) and verify-token in every later forward that verifies the slot (``verify_token``).
+same forward (``write_token``: the oracle's token for a decode row, the request's own token,
+sent with the batch, for a prompt token) and verify-token in every later forward that verifies the slot (``verify_token``).
 
 The choice uses the batch's CPU-side lengths only: a decode row's single token, or a uniformly
 chosen new token of an extend row. The token becomes ``(token + delta) mod vocab_size`` with a

@@ -45,6 +45,8 @@ class CanaryBatchInputs:
             (token-history tokens, owner chain values) to upload before the forward.
         prompt_lens: int64 ``[rows]`` device tensor, each row's prompt length (write-input
             assert, EXTEND / MIXED batches).
+        prompt_tokens: int64 ``[num_tokens]`` device tensor, the request's own token at each
+            prompt position of the batch, -1 elsewhere (write-input assert, EXTEND / MIXED).
         sampled_rows: the rows' rids and sampled positions (the next-token-swap log line).
     """
 
@@ -53,6 +55,7 @@ class CanaryBatchInputs:
     bootstrap_room_ids_int: torch.Tensor | None = None
     row_updates: RowUpdates | None = None
     prompt_lens: torch.Tensor | None = None
+    prompt_tokens: torch.Tensor | None = None
     sampled_rows: SampledRows | None = None
 
     def replace(self, **changes: Any) -> CanaryBatchInputs:

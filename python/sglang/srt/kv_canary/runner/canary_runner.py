@@ -423,7 +423,7 @@ class CanaryRunner:
                 "(ModelWorkerBatch.reqs); the canary needs one request per row"
             )
         mode = forward_batch.forward_mode
-        rids_int = rooms = sampled_rows = prompt_lens = None
+        rids_int = rooms = sampled_rows = prompt_lens = prompt_tokens = None
         if self.config.enable_token_oracle:
             rids_int, rooms = self._batch_ids.tensors_for(
                 rids=[req.rid for req in reqs],
@@ -439,19 +439,21 @@ class CanaryRunner:
                 reqs=reqs,
                 prefix_lens=_prefix_lens_of(forward_batch),
                 seq_lens=forward_batch.seq_lens_cpu.tolist(),
+                # EXTEND / MIXED forwards run eagerly: their post launch comes after the model
+                # is enqueued, so new owners' tokens are read while the device runs the model
+                defer_new_owners=mode in _EXTEND_MODES,
             )
         if self.write_expectations is not None and mode in _EXTEND_MODES:
-            pin = self._device.type == "cuda"
-            host = torch.tensor(
-                [len(req.origin_input_ids) for req in reqs], dtype=torch.int64, pin_memory=pin
+            prompt_lens, prompt_tokens = self._prompt_expectations(
+                reqs=reqs, forward_batch=forward_batch
             )
-            prompt_lens = host.to(self._device, non_blocking=pin)
         inputs = CanaryBatchInputs(
             runner=self,
             rids_int=rids_int,
             bootstrap_room_ids_int=rooms,
             row_updates=row_updates,
             prompt_lens=prompt_lens,
+            prompt_tokens=prompt_tokens,
             sampled_rows=sampled_rows,
         )
         attach_batch_inputs(forward_batch, inputs)
@@ -599,8 +601,15 @@ class CanaryRunner:
             self._launches += 1
         return view
 
-    def launch_after_model(self, view: CanaryBatchView) -> None:
-        """Launch the post-forward kernel on the view the pre launch used."""
+    def launch_after_model(self, view: CanaryBatchView, *, forward_batch: ForwardBatch) -> None:
+        """The model forward is enqueued: send the admissions deferred by this batch's
+        :meth:`on_init_new` (eager forwards only; the host reads their tokens while the device
+        runs the model), then launch the post-forward kernel on the view the pre launch used."""
+        if not _capturing(self._device):
+            inputs = batch_inputs_of(forward_batch)
+            updates = None if inputs is None else inputs.row_updates
+            if updates is not None and updates.deferred:
+                self._apply_row_updates(self.request_rows.prepare_deferred(updates.deferred))
         self._kernels.post_forward(state=self.state, batch=view)
 
     # ================================================================= oracle
@@ -640,6 +649,12 @@ class CanaryRunner:
                 "ForwardBatch.init_new hook did not run for it (the token history would be "
                 "stale)"
             )
+        self._apply_row_updates(updates)
+
+    def _apply_row_updates(self, updates: RowUpdates) -> None:
+        """One host-to-device copy of ``updates.packed``, then its sections applied (seq_lens
+        mirror, token-history scatter, owner chains), all on the current stream, and the
+        bookkeeping committed."""
         words = updates.packed.shape[0]
         if self._staging.shape[0] < words:
             self._staging = torch.empty(
@@ -647,18 +662,50 @@ class CanaryRunner:
             )
         staging = self._staging[:words]
         staging.copy_(updates.packed, non_blocking=True)
-        seq_lens, history, owners = updates.sections_on(staging)
+        seq_lens, history, owners, admissions = updates.sections_on(staging)
         rows = seq_lens.values.shape[0]
         if rows > self._host_seq_lens.shape[0]:  # an eager batch larger than any graph's
             self._host_seq_lens = torch.zeros(
                 (1 << (rows - 1).bit_length(),), dtype=torch.int64, device=self._device
             )
-        self._host_seq_lens[:rows].copy_(seq_lens.values)
+        if rows > 0:
+            self._host_seq_lens[:rows].copy_(seq_lens.values)
         if history is not None:
             self.token_history.upload(history)
         if owners is not None and owners.rows.shape[0] > 0:
             self.state.owner_chains.index_copy_(0, owners.rows, owners.values)
+        if admissions is not None and admissions.rows.shape[0] > 0:
+            self._kernels.admission_owner_check(
+                state=self.state, req_pool_indices=admissions.rows,
+                prefix_lens=admissions.prefix_lens, chains=admissions.chains,
+            )
         self.request_rows.commit(updates)
+
+    def _prompt_expectations(
+        self, *, reqs: Any, forward_batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device int64 ``[rows]`` prompt length of each row and int64 ``[num_tokens]`` the
+        request's own token at each prompt position of the batch (-1 at generated positions
+        and past the rows), from one host buffer and one non-blocking copy. The write-input
+        assert compares prompt tokens with these, so it needs no token history on the device
+        (a deferred admission's history arrives after the pre launch)."""
+        rows = len(reqs)
+        num_tokens = forward_batch.input_ids.shape[0]
+        pin = self._device.type == "cuda"
+        host = torch.full((rows + num_tokens,), -1, dtype=torch.int64, pin_memory=pin)
+        array = host.numpy()
+        start = rows
+        for index, (req, prefix_len, count) in enumerate(zip(
+            reqs, forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
+        )):
+            origin = req.origin_input_ids
+            array[index] = len(origin)
+            prompt = origin[prefix_len : prefix_len + count]
+            end = min(start + len(prompt), rows + num_tokens)
+            array[start:end] = prompt[: end - start]
+            start += count
+        device = host.to(self._device, non_blocking=pin)
+        return device[:rows], device[rows:]
 
     def _token_check_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
         """The token-check fields of the batch view (history, write-input expectations)."""
@@ -681,6 +728,7 @@ class CanaryRunner:
         tokens, positions = self.write_expectations.compute(
             forward_batch=forward_batch,
             prompt_lens=None if inputs is None else inputs.prompt_lens,
+            prompt_tokens=None if inputs is None else inputs.prompt_tokens,
         )
         fields["expected_input_ids"] = tokens
         fields["expected_positions"] = positions

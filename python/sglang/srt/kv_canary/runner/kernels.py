@@ -37,7 +37,9 @@ class CanaryKernels:
     ``pre_forward`` / ``post_forward`` take ``(*, state, batch)`` and run before / after the
     model forward (CUDA-graph capturable: no host sync, no allocation); ``sweep`` takes
     ``(*, state, entries)``; ``scatter_req_token_ids`` is the token-history scatter (keyword
-    contract of ``launch_scatter_req_token_ids_kernel``). The last two run outside graphs.
+    contract of ``launch_scatter_req_token_ids_kernel``); ``admission_owner_check`` takes
+    ``(*, state, req_pool_indices, prefix_lens, chains)`` (deferred admissions, between the
+    model forward and the post launch). The last three run outside graphs.
     """
 
     backend: KernelBackend
@@ -45,6 +47,7 @@ class CanaryKernels:
     post_forward: Callable[..., None]
     sweep: Callable[..., None]
     scatter_req_token_ids: Callable[..., None]
+    admission_owner_check: Callable[..., None]
 
 
 def load_kernels(backend: KernelBackend) -> CanaryKernels:
@@ -52,10 +55,12 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
     forward = importlib.import_module(backend.module("canary_forward"))
     sweep = importlib.import_module(backend.module("sweep"))
     scatter = importlib.import_module(backend.module("scatter_req_token_ids"))
+    admission = importlib.import_module(backend.module("admission_owner"))
     return CanaryKernels(
         backend=backend,
         pre_forward=forward.launch_pre_forward,
         post_forward=forward.launch_post_forward,
         sweep=sweep.launch_sweep,
         scatter_req_token_ids=getattr(scatter, _SCATTER_FUNCTIONS[backend]),
+        admission_owner_check=admission.launch_admission_owner_check,
     )

@@ -49,7 +49,7 @@ class CanaryModelForward:
         self._inside = True
         try:
             output = self.original(input_ids, positions, forward_batch, *args, **kwargs)
-            self._runner.launch_after_model(view)
+            self._runner.launch_after_model(view, forward_batch=forward_batch)
         finally:
             self._inside = False
         return output

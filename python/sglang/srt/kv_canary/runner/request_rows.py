@@ -16,6 +16,17 @@ device-side facts are kept per request row and refreshed:
   (shared with the token history when that is on) and a vectorized sum, about 1.3-1.6x the
   cost of reading the lists at all (``benchmark/bench_admission_host.py``).
 
+**Deferred admission** (``prepare(defer_new_owners=True)``, eager EXTEND / MIXED forwards): that
+O(prefix) pass is the canary's only host work that grows with a request's cached prefix, and it
+would sit on the path to the request's first token. So for a row with a new owner the forward's
+upload (before the pre launch) only resets what the device knows of the row: its owner chain to
+:data:`UNKNOWN_OWNER_CHAIN` (the pre launch adopts the record's chain) and its known history
+length to 0 (the pre launch skips the row's token checks). :meth:`RequestRows.prepare_deferred`
+then reads the request's tokens while the device runs the model forward (the runner calls it
+after enqueuing the model, before the post launch): the whole history, and the owner chain of
+the prefix, which the admission launch (:mod:`sglang.jit_kernel.kv_canary.admission_owner`)
+checks exactly as the pre launch would have (same violation row) before the post launch runs.
+
 An owner is the request object (held by weak reference: a new object at a recycled address is a
 new owner) plus its retraction count and the identities of its two token lists, so a retracted
 request, a request moved to another row, a row reused by a new request, or a history that was
@@ -89,8 +100,31 @@ class SeqLensSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionSection:
+    """The deferred admissions' owner checks: row ``rows[k]`` with prefix ``prefix_lens[k]``
+    must continue ``chains[k]`` (see :mod:`sglang.jit_kernel.kv_canary.admission_owner`)."""
+
+    rows: torch.Tensor  # int64 [k]
+    prefix_lens: torch.Tensor  # int64 [k]
+    chains: torch.Tensor  # int64 [k]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeferredAdmission:
+    """A row whose new owner's history and owner chain are sent after the model is enqueued
+    (``prefix_len``: tokens cached before this forward; ``writes``: whether it writes any)."""
+
+    row: int
+    request: RequestHistory
+    owner: _OwnerKey
+    prefix_len: int
+    writes: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RowUpdates:
-    """Everything one forward uploads, packed in ``packed`` (one host-to-device copy)."""
+    """Everything one forward uploads, packed in ``packed`` (one host-to-device copy), and the
+    admissions whose tokens are read and sent later (:meth:`RequestRows.prepare_deferred`)."""
 
     packed: torch.Tensor  # int64, CPU (pinned on CUDA machines)
     seq_lens: SeqLensSection
@@ -100,9 +134,11 @@ class RowUpdates:
     commit_owners: tuple[_OwnerKey, ...]
     commit_history_lens: tuple[int, ...]
     unknown_owner_rows: int  # rows whose owner chain the host could not compute
+    deferred: tuple[DeferredAdmission, ...] = ()
+    admissions: AdmissionSection | None = None
 
     def sections_on(self, device_packed: torch.Tensor) -> tuple[
-        SeqLensSection, TokenHistorySection | None, OwnerSection | None
+        SeqLensSection, TokenHistorySection | None, OwnerSection | None, AdmissionSection | None
     ]:
         """The same sections as views of ``device_packed`` (the uploaded copy of ``packed``)."""
         def view(section: Any) -> Any:
@@ -115,7 +151,8 @@ class RowUpdates:
                 fields[name] = device_packed[start : start + host.shape[0]]
             return type(section)(**fields)
 
-        return view(self.seq_lens), view(self.token_history), view(self.owners)
+        return (view(self.seq_lens), view(self.token_history), view(self.owners),
+                view(self.admissions))
 
 
 class RequestRows:
@@ -154,6 +191,7 @@ class RequestRows:
         reqs: Sequence[RequestHistory],
         prefix_lens: Sequence[int],
         seq_lens: Sequence[int],
+        defer_new_owners: bool = False,
     ) -> RowUpdates:
         """Pack what one forward over ``reqs`` must upload (host only, never touches a device).
 
@@ -161,6 +199,9 @@ class RequestRows:
             reqs: the forward's requests, one per batch row (``ModelWorkerBatch.reqs``).
             prefix_lens: tokens already in the KV cache for each row before this forward.
             seq_lens: the scheduler's host ``seq_lens`` of each row (``seq_lens_cpu``).
+            defer_new_owners: leave the tokens and chains of rows with a new owner to
+                :meth:`prepare_deferred` (see the module docstring; incremental mode only, and
+                only for a forward whose post launch runs eagerly after the caller can send them).
         Raises:
             ValueError: a request has no ``req_pool_idx``, or the lengths differ.
         """
@@ -179,15 +220,29 @@ class RequestRows:
         tails: list[int] = []
         owner_rows: list[int] = []
         owner_values: list[int] = []
+        deferred: list[DeferredAdmission] = []
         unknown = 0
-        for req, prefix_len in zip(reqs, prefix_lens):
+        defer = defer_new_owners and self._incremental
+        for req, prefix_len, seq_len in zip(reqs, prefix_lens, seq_lens):
             row = _pool_row(req)
             origin, output = req.origin_input_ids, req.output_ids
             owner = (weakref.ref(req), req.retraction_count, id(origin), id(output))
             new_owner = not self._incremental or self._row_owner[row] != owner
+            rows.append(row)
+            if defer and new_owner:
+                # the device forgets the row's previous owner now; its own tokens come later
+                deferred.append(DeferredAdmission(
+                    row=row, request=req, owner=owner, prefix_len=int(prefix_len),
+                    writes=seq_len > prefix_len,
+                ))
+                history_lens.append(0)
+                segment_lens.append(0)
+                if self.keeps_owner_chains:
+                    owner_rows.append(row)
+                    owner_values.append(UNKNOWN_OWNER_CHAIN)
+                continue
             num_origin = len(origin)
             history_len = num_origin + len(output)
-            rows.append(row)
             owners.append(owner)
             history_lens.append(history_len)
             whole_history: np.ndarray | None = None
@@ -220,6 +275,10 @@ class RequestRows:
                     )
         if tails:
             history_chunks.append(tails)
+        deferred_rows = {admission.row for admission in deferred}
+        committed = [
+            index for index, row in enumerate(rows) if row not in deferred_rows
+        ] if deferred else range(len(rows))
         return _pack(
             pin_memory=self._pin_memory,
             seq_lens=seq_lens,
@@ -227,14 +286,60 @@ class RequestRows:
             if self.keeps_token_history
             else None,
             owners=(owner_rows, owner_values) if self.keeps_owner_chains else None,
-            commit_rows=tuple(rows),
+            commit_rows=tuple(rows[index] for index in committed),
             commit_owners=tuple(owners),
+            commit_history_lens=tuple(history_lens[index] for index in committed),
+            unknown_owner_rows=unknown,
+            deferred=tuple(deferred),
+        )
+
+    def prepare_deferred(self, deferred: Sequence[DeferredAdmission]) -> RowUpdates:
+        """Pack what the admissions :meth:`prepare` deferred need: each row's whole history
+        (token history on) and the owner chain of its prefix (owner chains on, for a row that
+        writes this forward; none when the request has fewer tokens than its prefix, which the
+        device then keeps as adopted). Reads each request's token lists once; host only.
+        Commit it once uploaded."""
+        rows: list[int] = []
+        history_lens: list[int] = []
+        chunks: list[list[int] | np.ndarray] = []
+        checks: tuple[list[int], list[int], list[int]] = ([], [], [])
+        unknown = 0
+        for admission in deferred:
+            origin = admission.request.origin_input_ids
+            output = admission.request.output_ids
+            history_len = len(origin) + len(output)
+            read = history_len if self.keeps_token_history else min(
+                admission.prefix_len, history_len
+            )
+            tokens = _history_array(origin, output, read)
+            rows.append(admission.row)
+            history_lens.append(history_len)
+            chunks.append(tokens)
+            if not (self.keeps_owner_chains and admission.writes):
+                continue
+            if admission.prefix_len > history_len:
+                unknown += 1
+                continue
+            checks[0].append(admission.row)
+            checks[1].append(admission.prefix_len)
+            checks[2].append(chain_after_numpy(tokens[: admission.prefix_len]))
+        return _pack(
+            pin_memory=self._pin_memory,
+            seq_lens=(),
+            history=(rows, history_lens, [len(chunk) for chunk in chunks], chunks)
+            if self.keeps_token_history
+            else None,
+            owners=None,
+            admissions=checks if self.keeps_owner_chains else None,
+            commit_rows=tuple(rows),
+            commit_owners=tuple(admission.owner for admission in deferred),
             commit_history_lens=tuple(history_lens),
             unknown_owner_rows=unknown,
         )
 
     def commit(self, updates: RowUpdates) -> None:
-        """The updates were uploaded: the device now knows what they carried."""
+        """The updates were uploaded: the device now knows what they carried (a deferred
+        admission's row keeps its previous owner until its own update is committed)."""
         for row, owner, history_len in zip(
             updates.commit_rows, updates.commit_owners, updates.commit_history_lens
         ):
@@ -271,16 +376,21 @@ def _pack(
     history: tuple[list[int], list[int], list[int], list[list[int] | np.ndarray]] | None,
     owners: tuple[list[int], list[int]] | None,
     commit_rows: tuple[int, ...],
+    admissions: tuple[list[int], list[int], list[int]] | None = None,
     commit_owners: tuple[_OwnerKey, ...],
     commit_history_lens: tuple[int, ...],
     unknown_owner_rows: int,
+    deferred: tuple[DeferredAdmission, ...] = (),
 ) -> RowUpdates:
     rows_in_batch = len(seq_lens)
     bs = len(history[0]) if history is not None else 0
     num_tokens = sum(history[2]) if history is not None else 0
     history_words = 3 * bs + 1 + num_tokens if history is not None else 0
     num_owner_rows = len(owners[0]) if owners is not None else 0
-    packed = torch.empty(rows_in_batch + history_words + 2 * num_owner_rows, dtype=torch.int64,
+    num_admissions = len(admissions[0]) if admissions is not None else 0
+    owner_start = rows_in_batch + history_words
+    admission_start = owner_start + 2 * num_owner_rows
+    packed = torch.empty(admission_start + 3 * num_admissions, dtype=torch.int64,
                          pin_memory=pin_memory)
     array = packed.numpy()
     array[:rows_in_batch] = seq_lens
@@ -305,12 +415,22 @@ def _pack(
         )
     if owners is not None:
         owner_rows, owner_values = owners
-        start = rows_in_batch + history_words
+        start = owner_start
         array[start : start + num_owner_rows] = owner_rows
-        array[start + num_owner_rows :] = owner_values
+        array[start + num_owner_rows : admission_start] = owner_values
         owner_section = OwnerSection(
             rows=packed[start : start + num_owner_rows],
-            values=packed[start + num_owner_rows :],
+            values=packed[start + num_owner_rows : admission_start],
+        )
+    admission_section = None
+    if admissions is not None:
+        views = []
+        for index, values in enumerate(admissions):
+            start = admission_start + index * num_admissions
+            array[start : start + num_admissions] = values
+            views.append(packed[start : start + num_admissions])
+        admission_section = AdmissionSection(
+            rows=views[0], prefix_lens=views[1], chains=views[2]
         )
     return RowUpdates(
         packed=packed,
@@ -321,4 +441,6 @@ def _pack(
         commit_owners=commit_owners,
         commit_history_lens=commit_history_lens,
         unknown_owner_rows=unknown_owner_rows,
+        deferred=deferred,
+        admissions=admission_section,
     )

@@ -7,8 +7,9 @@ Computed inside the forward (so inside captured CUDA graphs) into a preallocated
   inside a captured graph);
 * extend rows: the oracle's token for every *generated* token (position >= the request's
   prompt length: the decode rows of a MIXED batch, the outputs of a retracted request prefilled
-  again); ``-1`` for prompt tokens, which the write kernel then compares with the token history
-  instead (so extend rows are checked against the request, not against themselves).
+  again); for prompt tokens the request's own token, sent with the batch from its
+  ``origin_input_ids`` (so extend rows are checked against the request, not against
+  themselves, also in a request's first forward, before its token history reaches the device).
 
 Off for EAGLE draft-decode forwards (their inputs are draft tokens, and draft slot ``p`` holds
 the token of position ``p + 1``).
@@ -73,12 +74,16 @@ class WriteExpectations:
         return 2 * self._expected.capacity * self._expected.tokens.element_size()
 
     def compute(
-        self, *, forward_batch: ForwardBatch, prompt_lens: torch.Tensor | None
+        self, *, forward_batch: ForwardBatch, prompt_lens: torch.Tensor | None,
+        prompt_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 ``[num_tokens]`` expected tokens and positions of ``forward_batch``.
 
         Args:
             prompt_lens: int64 ``[rows]`` prompt length of each row (EXTEND / MIXED batches).
+            prompt_tokens: int64 ``[num_tokens]`` the request's token at each prompt position,
+                -1 elsewhere (EXTEND / MIXED batches; None: prompt tokens get no expectation
+                here and the write kernel compares them with the token history).
         Raises:
             MissingRequestIdsError: the batch carries no request ids.
             RuntimeError: a captured forward has more tokens than the preallocated capacity, or
@@ -95,6 +100,8 @@ class WriteExpectations:
                     "KV canary write-input assert: this EXTEND/MIXED ForwardBatch carries no "
                     "prompt lengths; the ForwardBatch.init_new hook did not run for it"
                 )
+            if prompt_tokens is not None:
+                tokens.copy_(prompt_tokens[:num_tokens])
             self._predict_generated_tokens(
                 forward_batch=forward_batch, prompt_lens=prompt_lens, tokens=tokens,
                 positions=positions,
