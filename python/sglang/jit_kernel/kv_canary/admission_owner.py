@@ -18,7 +18,8 @@ prefix_lens[i]``, ``c = chains[i]``), for ``rp != 0``:
   ``c + sum(chain_term)`` of the row's new tokens, which the post launch then checks.
 
 The plain-torch twin is :mod:`.admission_owner_ref` (same keyword signature, same results).
-Eager only (the entry count is a runtime argument, nothing is specialized on it); no host sync.
+Eager only; the entry count and the inputs' alignment are not specialized on (they are views
+into the packed upload), so a new batch never compiles a new kernel; no host sync.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ _VERIFY_OWNER = tl.constexpr(int(Reason.VERIFY_OWNER))
 _COUNTER_STEP = tl.constexpr(COUNTER_STEP)
 
 
-@triton.jit(do_not_specialize=["n", "num_slots", "rt_rows", "rt_cols", "rt_stride",
-                               "ring_capacity"])
+# The inputs are views into one packed upload at offsets that change with the batch: no
+# specialization on their alignment (nor on the entry count), so serving never recompiles.
+@triton.jit(do_not_specialize=["n"],
+            do_not_specialize_on_alignment=["rows_ptr", "prefix_lens_ptr", "chains_ptr"])
 def _admission_owner_kernel(
     rows_ptr,
     prefix_lens_ptr,

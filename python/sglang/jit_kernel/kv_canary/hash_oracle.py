@@ -22,7 +22,7 @@ no-op.
 
 Graph safety: the grid depends on ``n`` only, nothing is allocated and nothing syncs with the
 host, so a launch is CUDA-graph capturable; ``n``, the offset and the strides are not
-specialized on, so serving never recompiles.
+specialized on, nor is the alignment of the tensors, so serving never recompiles.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ NUM_WARPS = 4
 @triton.jit(
     do_not_specialize=["n", "position_offset", "vocab_size", "req_ids_stride", "rooms_stride",
                        "positions_stride", "tokens_stride", "positions_out_stride"],
+    # callers pass views (a column of a block layout, a prefix of a buffer): their offsets
+    # must not select a new compile
+    do_not_specialize_on_alignment=["req_ids_ptr", "rooms_ptr", "positions_ptr",
+                                    "tokens_out_ptr", "positions_out_ptr"],
 )
 def _hash_oracle_tokens_kernel(
     req_ids_ptr,

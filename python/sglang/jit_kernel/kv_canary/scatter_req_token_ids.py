@@ -76,7 +76,14 @@ def _block_ary_search_step(offsets_ptr, lo, hi, target, BLOCK: tl.constexpr):
     return new_lo, tl.minimum(new_lo + stride - 1, hi)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "batch_size"])  # both change every call
+# The sizes change every call, and the four inputs are views into one packed upload at offsets
+# that change with the batch: specializing on their values or alignment would recompile while
+# serving (a stall of a compile's length at unpredictable forwards).
+@triton.jit(
+    do_not_specialize=["num_tokens", "batch_size"],
+    do_not_specialize_on_alignment=["flat_in_ptr", "offsets_ptr", "req_pool_indices_ptr",
+                                    "history_lens_ptr"],
+)
 def _scatter_req_token_ids_kernel(
     flat_in_ptr,
     offsets_ptr,
