@@ -22,7 +22,8 @@ ForwardBatch.init_new           :meth:`~CanaryRunner.on_init_new` (the per-batch
 ForwardBatch padding            :meth:`~CanaryRunner.on_pad_inputs`
 ModelRunner.forward             :meth:`~CanaryRunner.run_forward` (host side, outside graphs)
 model.forward                   :meth:`~CanaryRunner.launch_before_model`,
-                                :meth:`~CanaryRunner.launch_after_model` (captured in graphs)
+                                :meth:`~CanaryRunner.launch_after_model` (captured in graphs;
+                                eager: deferred admissions sent first)
 graph replay                    :meth:`~CanaryRunner.on_decode_replay`,
                                 :meth:`~CanaryRunner.on_draft_replay`
 scheduler prefix cache built    :meth:`~CanaryRunner.attach_radix_cache` (radix sweep)
