@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from sglang.jit_kernel.kv_canary.consts import (
-    CHAIN_ANCHOR,
     COUNTER_STEP,
     NO_EXPECTED_TOKEN,
     CheckKind,
@@ -14,7 +13,7 @@ from sglang.jit_kernel.kv_canary.consts import (
 )
 from sglang.jit_kernel.kv_canary.hashing import to_signed_i64
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState, check_admission_inputs
-from sglang.jit_kernel.kv_canary.torch_helpers import append_rows, read_records, req_to_token
+from sglang.jit_kernel.kv_canary.torch_helpers import append_rows, row_seed
 
 
 def launch_admission_owner_check(
@@ -35,15 +34,13 @@ def launch_admission_owner_check(
     ):
         if rp == 0:
             continue
-        seed, slot, token = CHAIN_ANCHOR, 0, NO_EXPECTED_TOKEN
-        if prefix != 0:
-            slots = req_to_token(state, rp, torch.tensor([prefix - 1], device=state.device))
-            record = read_records(state, slots)
-            seed = int(record.successor_chain()[0])
-            slot, token = int(slots[0]), int(record.token[0])
-        if seed != expected:
-            violations.append([int(CheckKind.PRE_VERIFY), int(Reason.VERIFY_OWNER), rp, slot,
-                               prefix - 1, token, NO_EXPECTED_TOKEN, seed, expected, step])
+        seed = row_seed(state, rp, prefix)
+        if seed.chain != expected:
+            violations.append([int(CheckKind.PRE_VERIFY), int(Reason.VERIFY_OWNER), rp,
+                               seed.slot, prefix - 1, seed.token, NO_EXPECTED_TOKEN, seed.chain,
+                               expected, step])
         if 0 <= rp < state.owner_chains.shape[0]:
-            state.owner_chains[rp] = to_signed_i64(int(state.owner_chains[rp]) + expected - seed)
+            state.owner_chains[rp] = to_signed_i64(
+                int(state.owner_chains[rp]) + expected - seed.chain
+            )
     append_rows(state=state, rows=violations)

@@ -113,9 +113,11 @@ from sglang.jit_kernel.kv_canary.torch_helpers import (
     failing_rows,
     fingerprints,
     history_tokens,
+    RowSeed,
     owner_chain,
     read_records,
     req_to_token,
+    row_seed,
 )
 
 _PRE, _POST, _WRITE = CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY, CheckKind.WRITE
@@ -135,7 +137,8 @@ def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> N
         verified += _verify_row(
             state=state, batch=batch, row=row, phase=_PRE, step=step, violations=violations
         )
-    seeds = [_seed(state, row) for row in rows]  # read before any record is written
+    # read before any record is written
+    seeds = [row_seed(state, row.rp, row.prefix) for row in rows]
     written = 0
     for row, seed in zip(rows, seeds):
         written += _write_row(
@@ -290,29 +293,12 @@ def _post_owner_rows(*, state: CanaryDeviceState, row: LiveRow, step: int) -> li
 # ----------------------------------------------------------------------------- write
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Seed:
-    chain: int  # chain value of the row's first new token
-    slot: int  # rt(rp, P - 1), 0 if P == 0
-    token: int  # that record's token, NO_EXPECTED_TOKEN if P == 0
-
-
-def _seed(state: CanaryDeviceState, row: LiveRow) -> _Seed:
-    if row.prefix == 0:
-        return _Seed(chain=CHAIN_ANCHOR, slot=0, token=NO_EXPECTED_TOKEN)
-    slot = req_to_token(state, row.rp, torch.tensor([row.prefix - 1], device=state.device))
-    record = read_records(state, slot)
-    return _Seed(
-        chain=int(record.successor_chain()[0]), slot=int(slot[0]), token=int(record.token[0])
-    )
-
-
 def _write_row(
     *,
     state: CanaryDeviceState,
     batch: CanaryBatchView,
     row: LiveRow,
-    seed: _Seed,
+    seed: RowSeed,
     step: int,
     violations: list[list[int]],
 ) -> int:
@@ -379,7 +365,7 @@ def _write_row(
 
 
 def _pre_owner(
-    *, state: CanaryDeviceState, row: LiveRow, seed: _Seed, total: int, step: int
+    *, state: CanaryDeviceState, row: LiveRow, seed: RowSeed, total: int, step: int
 ) -> list[list[int]]:
     """Check the row's seed against its owner chain and advance the owner chain."""
     owner = owner_chain(state, row.rp)

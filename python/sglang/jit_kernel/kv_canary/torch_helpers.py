@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from sglang.jit_kernel.kv_canary.consts import (
+    CHAIN_ANCHOR,
     COUNTER_CONSUMED,
     COUNTER_VIOLATIONS,
     FIELD_CHAIN,
     FIELD_FINGERPRINT,
     FIELD_STAMP,
     FIELD_TOKEN_POSITION,
+    NO_EXPECTED_TOKEN,
     TOKEN_MASK,
     unpack_position,
     unpack_token,
@@ -97,6 +99,26 @@ def history_tokens(
         return torch.zeros_like(positions), known
     tokens = history[rp, positions.clamp(0, width - 1)].to(torch.int64) & TOKEN_MASK
     return torch.where(known, tokens, 0), known
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowSeed:
+    """What a row's first new token chains onto (the pre launch's write, the admission check)."""
+
+    chain: int  # CHAIN_ANCHOR if P == 0, else derived(record(rt(rp, P - 1)))
+    slot: int  # rt(rp, P - 1), 0 if P == 0
+    token: int  # that record's token, NO_EXPECTED_TOKEN if P == 0
+
+
+def row_seed(state: CanaryDeviceState, rp: int, prefix: int) -> RowSeed:
+    """The seed of pool row ``rp`` with ``prefix`` cached tokens."""
+    if prefix == 0:
+        return RowSeed(chain=CHAIN_ANCHOR, slot=0, token=NO_EXPECTED_TOKEN)
+    slot = req_to_token(state, rp, torch.tensor([prefix - 1], device=state.device))
+    record = read_records(state, slot)
+    return RowSeed(
+        chain=int(record.successor_chain()[0]), slot=int(slot[0]), token=int(record.token[0])
+    )
 
 
 def owner_chain(state: CanaryDeviceState, rp: int) -> int:
