@@ -101,6 +101,7 @@ import argparse
 import dataclasses
 import importlib.metadata
 import json
+import os
 import pathlib
 import re
 import sys
@@ -708,6 +709,7 @@ class BenchOptions:
     log_dir: pathlib.Path | None
     time_budget_s: float
     repeat_first: bool
+    host_timers: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {**{key: value for key, value in dataclasses.asdict(self).items()
@@ -751,7 +753,14 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     parser.add_argument("--repeat-first", action=argparse.BooleanOptionalAction, default=True,
                         help="start the first configuration again at the end to show drift "
                              "(default: on)")
+    parser.add_argument("--host-timers", type=int, default=0, metavar="N",
+                        help="time the canary's host-side functions inside every server "
+                             "(benchmark/host_timers/sitecustomize.py) and print each server's "
+                             "last line of means over N forwards (default 0: off)")
     namespace = parser.parse_args(argv)
+    if namespace.host_timers < 0:
+        parser.error(f"--host-timers={namespace.host_timers} is invalid; allowed: an integer "
+                     ">= 0 (0: off)")
     if namespace.repeats < 1:
         parser.error(f"--repeats={namespace.repeats} is invalid; allowed: an integer >= 1")
     if not namespace.time_budget_s > 0:
@@ -764,7 +773,31 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                          allowed=list(WORKLOADS_BY_NAME)),
         repeats=namespace.repeats, out=namespace.out, log_dir=namespace.log_dir,
         time_budget_s=namespace.time_budget_s, repeat_first=namespace.repeat_first,
+        host_timers=namespace.host_timers,
     )
+
+
+HOST_TIMERS_DIR = pathlib.Path(__file__).resolve().parent / "host_timers"
+
+
+def with_host_timers(config: ServerConfig, *, every_n_forwards: int) -> ServerConfig:
+    """``config`` whose server loads ``host_timers/sitecustomize.py`` (timer lines in its log)."""
+    python_path = os.pathsep.join(
+        part for part in (str(HOST_TIMERS_DIR), os.environ.get("PYTHONPATH", "")) if part
+    )
+    return dataclasses.replace(config, env={
+        **config.env, "PYTHONPATH": python_path, "KV_CANARY_HOST_TIMERS": str(every_n_forwards),
+    })
+
+
+def last_host_timers_line(log_path: str) -> str | None:
+    """The last timer line a server logged (see ``host_timers/sitecustomize.py``), or None."""
+    try:
+        lines = pathlib.Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [line for line in lines if "KV canary host timers over" in line]
+    return found[-1] if found else None
 
 
 def make_model(model: ModelShape, *, directory: pathlib.Path) -> pathlib.Path:
@@ -823,6 +856,9 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
     log_dir.mkdir(parents=True, exist_ok=True)
     workloads = [WORKLOADS_BY_NAME[name] for name in options.workloads]
     configs = [CONFIGS[name] for name in options.configs]
+    if options.host_timers:
+        configs = [with_host_timers(config, every_n_forwards=options.host_timers)
+                   for config in configs]
     print(f"server logs: {log_dir}; time budget {options.time_budget_s:.0f} s", flush=True)
     results: dict[str, list[ConfigResult]] = {}
     with tempfile.TemporaryDirectory(prefix="kv_canary_bench_models_") as models_root:
@@ -837,6 +873,10 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
             ):
                 results[name].append(result)
                 print(progress_line(model=model, result=result), flush=True)
+                timers = options.host_timers and last_host_timers_line(result.log_path)
+                if timers:
+                    print(f"  {result.label} {timers[timers.index('KV canary host'):]}",
+                          flush=True)
                 if options.out is not None:
                     options.out.write_text(
                         json.dumps(report_json(options=options, results=results), indent=1)

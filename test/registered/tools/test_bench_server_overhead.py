@@ -68,6 +68,7 @@ def test_lists_keep_order_and_drop_repeats(tmp_path: pathlib.Path) -> None:
     (["--workloads", "decode64,decode128"], "--workloads='decode64,decode128' is invalid"),
     (["--repeats", "0"], "--repeats=0 is invalid; allowed: an integer >= 1"),
     (["--time-budget-s", "0"], "--time-budget-s=0.0 is invalid; allowed: > 0"),
+    (["--host-timers", "-1"], "--host-timers=-1 is invalid; allowed: an integer >= 0 (0: off)"),
 ])
 def test_bad_options_exit_2_naming_the_option(argv: list[str], fragment: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,6 +76,49 @@ def test_bad_options_exit_2_naming_the_option(argv: list[str], fragment: str,
         bench.parse_args(argv)
     assert stopped.value.code == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_host_timers_load_the_timing_sitecustomize_in_every_server(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert bench.parse_args([]).host_timers == 0
+    assert bench.parse_args(["--host-timers", "500"]).host_timers == 500
+    monkeypatch.setenv("PYTHONPATH", "/shell/path")
+    config = bench.with_host_timers(bench.CONFIGS["all-checks"], every_n_forwards=500)
+    assert config.env["KV_CANARY_HOST_TIMERS"] == "500"
+    assert config.env["PYTHONPATH"].split(":") == [str(bench.HOST_TIMERS_DIR), "/shell/path"]
+    assert (bench.HOST_TIMERS_DIR / "sitecustomize.py").is_file()
+    assert {k: v for k, v in config.env.items() if k.startswith("SGLANG_")} == {
+        k: v for k, v in bench.CONFIGS["all-checks"].env.items() if k.startswith("SGLANG_")}
+    log = tmp_path / "server.log"
+    log.write_text("x\n[t] KV canary host timers over 2 forwards: a 1.0us x1.00\n"
+                   "[t] KV canary host timers over 2 forwards: a 2.0us x1.00\nend\n")
+    assert bench.last_host_timers_line(str(log)).endswith("a 2.0us x1.00")
+    assert bench.last_host_timers_line(str(tmp_path / "missing.log")) is None
+
+
+def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")  # loaded without wrapping anything
+    spec = importlib.util.spec_from_file_location(
+        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
+    timers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timers)
+    monkeypatch.setattr(timers, "_EVERY", 2)
+    forward = timers._wrap(timers.TIMED[0][1], lambda: time.sleep(0.001))
+    helper = timers._wrap("helper", lambda value: value)
+    with caplog.at_level("WARNING"):
+        assert helper(7) == 7
+        forward()
+        assert not caplog.records
+        helper(1)
+        helper(2)
+        forward()
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line.startswith("KV canary host timers over 2 forwards: ModelRunner.forward ")
+    assert "helper " in line and line.endswith("x1.50")
+    assert float(line.split("ModelRunner.forward ")[1].split("us")[0]) >= 1000
 
 
 # ----------------------------------------------------------------------------- configurations

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_hash_oracle_inputs
 from sglang.jit_kernel.kv_canary.triton_helpers import mix64_u64
 
@@ -38,13 +39,14 @@ BLOCK = 256
 NUM_WARPS = 4
 
 
+# Nothing is specialized on its value (callers pass views: a column of a block layout, a prefix
+# of a buffer, at any offset), so the variant depends on argument types only and the launches
+# go through a DirectLauncher (every decode step's eager path; see direct_launch.py).
 @triton.jit(
-    do_not_specialize=["n", "position_offset", "vocab_size", "req_ids_stride", "rooms_stride",
-                       "positions_stride", "tokens_stride", "positions_out_stride"],
-    # callers pass views (a column of a block layout, a prefix of a buffer): their offsets
-    # must not select a new compile
-    do_not_specialize_on_alignment=["req_ids_ptr", "rooms_ptr", "positions_ptr",
-                                    "tokens_out_ptr", "positions_out_ptr"],
+    do_not_specialize=["req_ids_ptr", "req_ids_stride", "rooms_ptr", "rooms_stride",
+                       "positions_ptr", "positions_stride", "tokens_out_ptr", "tokens_stride",
+                       "positions_out_ptr", "positions_out_stride", "n", "position_offset",
+                       "vocab_size"],
 )
 def _hash_oracle_tokens_kernel(
     req_ids_ptr,
@@ -100,15 +102,18 @@ def launch_hash_oracle_tokens(
         return
     rooms = req_ids if bootstrap_room_ids is None else bootstrap_room_ids
     positions_target = tokens_out if positions_out is None else positions_out
-    _hash_oracle_tokens_kernel[(triton.cdiv(n, BLOCK),)](
+    _LAUNCH(
+        (triton.cdiv(n, BLOCK),),
         req_ids, req_ids.stride(0),
         rooms, rooms.stride(0),
         positions, positions.stride(0),
         tokens_out, tokens_out.stride(0),
         positions_target, positions_target.stride(0),
         n, position_offset, vocab_size,
-        HAS_ROOMS=bootstrap_room_ids is not None,
-        HAS_POSITIONS_OUT=positions_out is not None,
-        BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
+        bootstrap_room_ids is not None,  # HAS_ROOMS
+        positions_out is not None,  # HAS_POSITIONS_OUT
+        BLOCK,
     )
+
+
+_LAUNCH = DirectLauncher(_hash_oracle_tokens_kernel, num_warps=NUM_WARPS)

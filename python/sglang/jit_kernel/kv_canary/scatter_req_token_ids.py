@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_scatter_inputs
 from sglang.jit_kernel.kv_canary.triton_helpers import sum_1d
 
@@ -78,11 +79,13 @@ def _block_ary_search_step(offsets_ptr, lo, hi, target, BLOCK: tl.constexpr):
 
 # The sizes change every call, and the four inputs are views into one packed upload at offsets
 # that change with the batch: specializing on their values or alignment would recompile while
-# serving (a stall of a compile's length at unpredictable forwards).
+# serving (a stall of a compile's length at unpredictable forwards). No parameter is specialized
+# on its value at all, so the variant depends on argument types only and the launches go
+# through a DirectLauncher (the step's eager path; see direct_launch.py).
 @triton.jit(
-    do_not_specialize=["num_tokens", "batch_size"],
-    do_not_specialize_on_alignment=["flat_in_ptr", "offsets_ptr", "req_pool_indices_ptr",
-                                    "history_lens_ptr"],
+    do_not_specialize=["flat_in_ptr", "offsets_ptr", "req_pool_indices_ptr", "history_lens_ptr",
+                       "history_lens_out_ptr", "pool_out_ptr", "num_tokens", "batch_size",
+                       "num_pool_rows", "max_context_len", "pool_row_stride", "pool_col_stride"],
 )
 def _scatter_req_token_ids_kernel(
     flat_in_ptr,
@@ -200,8 +203,8 @@ def launch_scatter_req_token_ids_kernel(
     work_items = max(num_tokens, batch_size) if history_lens_out is not None else num_tokens
     if work_items == 0:
         return
-    grid = (triton.cdiv(work_items, BLOCK),)
-    _scatter_req_token_ids_kernel[grid](
+    _LAUNCH(
+        (triton.cdiv(work_items, BLOCK),),
         flat_in,
         offsets,
         req_pool_indices,
@@ -214,11 +217,11 @@ def launch_scatter_req_token_ids_kernel(
         pool_out.shape[1],
         pool_out.stride(0),
         pool_out.stride(1),
-        HAS_HISTORY_LENS=history_lens is not None,
-        HAS_HISTORY_LENS_OUT=history_lens_out is not None,
-        BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
+        history_lens is not None,  # HAS_HISTORY_LENS
+        history_lens_out is not None,  # HAS_HISTORY_LENS_OUT
+        BLOCK,
     )
 
 
 _INTERPRETED = isinstance(_scatter_req_token_ids_kernel, InterpretedFunction)
+_LAUNCH = DirectLauncher(_scatter_req_token_ids_kernel, num_warps=NUM_WARPS)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -124,35 +124,69 @@ class DeferredAdmission:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RowUpdates:
     """Everything one forward uploads, packed in ``packed`` (one host-to-device copy), and the
-    admissions whose tokens are read and sent later (:meth:`RequestRows.prepare_deferred`)."""
+    admissions whose tokens are read and sent later (:meth:`RequestRows.prepare_deferred`).
+
+    ``packed`` holds the sections back to back, in this order: the seq_lens mirror, then (when
+    present) the token history's rows, lengths, offsets and tokens, the owner rows and values,
+    and the admissions' rows, prefix lengths and chains; ``segment_sizes`` is the word count of
+    each piece present. :meth:`sections_on` cuts any copy of ``packed`` into the sections with
+    one ``split_with_sizes``; the ``seq_lens`` / ``token_history`` / ``owners`` /
+    ``admissions`` properties are the same sections of the host buffer (for inspection).
+    """
 
     packed: torch.Tensor  # int64, CPU (pinned on CUDA machines)
-    seq_lens: SeqLensSection
-    token_history: TokenHistorySection | None
-    owners: OwnerSection | None
+    segment_sizes: tuple[int, ...]
+    has_history: bool
+    has_owners: bool
+    has_admissions: bool
     commit_rows: tuple[int, ...]
     commit_owners: tuple[_OwnerKey, ...]
     commit_history_lens: tuple[int, ...]
     unknown_owner_rows: int  # rows whose owner chain the host could not compute
     deferred: tuple[DeferredAdmission, ...] = ()
-    admissions: AdmissionSection | None = None
+    _host_sections: tuple[Any, ...] | None = field(default=None, init=False, repr=False,
+                                                   compare=False)
 
     def sections_on(self, device_packed: torch.Tensor) -> tuple[
         SeqLensSection, TokenHistorySection | None, OwnerSection | None, AdmissionSection | None
     ]:
-        """The same sections as views of ``device_packed`` (the uploaded copy of ``packed``)."""
-        def view(section: Any) -> Any:
-            if section is None:
-                return None
-            fields = {}
-            for name in section.__slots__:
-                host = getattr(section, name)
-                start = host.storage_offset() - self.packed.storage_offset()
-                fields[name] = device_packed[start : start + host.shape[0]]
-            return type(section)(**fields)
+        """The sections as views of ``device_packed`` (a copy of ``packed``, same length)."""
+        parts = iter(device_packed.split_with_sizes(self.segment_sizes))
+        seq_lens = SeqLensSection(values=next(parts))
+        history = owners = admissions = None
+        if self.has_history:
+            history = TokenHistorySection(
+                req_pool_indices=next(parts), req_all_ids_lens=next(parts),
+                offsets=next(parts), req_all_ids_flat=next(parts),
+            )
+        if self.has_owners:
+            owners = OwnerSection(rows=next(parts), values=next(parts))
+        if self.has_admissions:
+            admissions = AdmissionSection(
+                rows=next(parts), prefix_lens=next(parts), chains=next(parts)
+            )
+        return seq_lens, history, owners, admissions
 
-        return (view(self.seq_lens), view(self.token_history), view(self.owners),
-                view(self.admissions))
+    def _on_host(self) -> tuple[Any, ...]:
+        if self._host_sections is None:  # cut once, on first use (same views every time)
+            object.__setattr__(self, "_host_sections", self.sections_on(self.packed))
+        return self._host_sections
+
+    @property
+    def seq_lens(self) -> SeqLensSection:
+        return self._on_host()[0]
+
+    @property
+    def token_history(self) -> TokenHistorySection | None:
+        return self._on_host()[1]
+
+    @property
+    def owners(self) -> OwnerSection | None:
+        return self._on_host()[2]
+
+    @property
+    def admissions(self) -> AdmissionSection | None:
+        return self._on_host()[3]
 
 
 class RequestRows:
@@ -223,11 +257,21 @@ class RequestRows:
         deferred: list[DeferredAdmission] = []
         unknown = 0
         defer = defer_new_owners and self._incremental
+        incremental = self._incremental
+        keeps_history = self.keeps_token_history
+        keeps_chains = self.keeps_owner_chains
+        row_owner = self._row_owner
+        row_synced_len = self._row_synced_len
         for req, prefix_len, seq_len in zip(reqs, prefix_lens, seq_lens):
-            row = _pool_row(req)
+            row = req.req_pool_idx
+            if row is None:
+                raise ValueError(
+                    f"request {req.rid!r} is in a forward batch but has req_pool_idx=None; "
+                    "the canary needs its req_to_token row"
+                )
             origin, output = req.origin_input_ids, req.output_ids
             owner = (weakref.ref(req), req.retraction_count, id(origin), id(output))
-            new_owner = not self._incremental or self._row_owner[row] != owner
+            new_owner = not incremental or row_owner[row] != owner
             rows.append(row)
             if defer and new_owner:
                 # the device forgets the row's previous owner now; its own tokens come later
@@ -237,7 +281,7 @@ class RequestRows:
                 ))
                 history_lens.append(0)
                 segment_lens.append(0)
-                if self.keeps_owner_chains:
+                if keeps_chains:
                     owner_rows.append(row)
                     owner_values.append(UNKNOWN_OWNER_CHAIN)
                 continue
@@ -246,8 +290,8 @@ class RequestRows:
             owners.append(owner)
             history_lens.append(history_len)
             whole_history: np.ndarray | None = None
-            if self.keeps_token_history:
-                start = 0 if new_owner else self._row_synced_len[row]
+            if keeps_history:
+                start = 0 if new_owner else row_synced_len[row]
                 if start > history_len:  # the history shrank in place: rewrite it
                     start = 0
                 if start == 0:
@@ -256,13 +300,13 @@ class RequestRows:
                         history_chunks.append(tails)
                         tails = []
                     history_chunks.append(whole_history)
-                elif start < num_origin:
+                elif start >= num_origin:
+                    tails += output[start - num_origin :]
+                else:
                     tails += origin[start:]
                     tails += output
-                else:
-                    tails += output[start - num_origin :]
                 segment_lens.append(history_len - start)
-            if self.keeps_owner_chains and new_owner:
+            if keeps_chains and new_owner:
                 owner_rows.append(row)
                 if prefix_len > history_len:
                     owner_values.append(UNKNOWN_OWNER_CHAIN)
@@ -382,65 +426,41 @@ def _pack(
     unknown_owner_rows: int,
     deferred: tuple[DeferredAdmission, ...] = (),
 ) -> RowUpdates:
-    rows_in_batch = len(seq_lens)
-    bs = len(history[0]) if history is not None else 0
-    num_tokens = sum(history[2]) if history is not None else 0
-    history_words = 3 * bs + 1 + num_tokens if history is not None else 0
-    num_owner_rows = len(owners[0]) if owners is not None else 0
-    num_admissions = len(admissions[0]) if admissions is not None else 0
-    owner_start = rows_in_batch + history_words
-    admission_start = owner_start + 2 * num_owner_rows
-    packed = torch.empty(admission_start + 3 * num_admissions, dtype=torch.int64,
-                         pin_memory=pin_memory)
-    array = packed.numpy()
-    array[:rows_in_batch] = seq_lens
-    seq_lens_section = SeqLensSection(values=packed[:rows_in_batch])
-    history_section = owner_section = None
+    """Lay the sections out back to back in one (pinned) int64 host buffer; host only."""
+    sizes = [len(seq_lens)]
     if history is not None:
-        start = rows_in_batch
         rows, history_lens, segment_lens, chunks = history
-        array[start : start + bs] = rows
-        array[start + bs : start + 2 * bs] = history_lens
-        array[start + 2 * bs] = 0
-        np.cumsum(segment_lens, out=array[start + 2 * bs + 1 : start + 3 * bs + 1])
-        offset = start + 3 * bs + 1
-        for chunk in chunks:
-            array[offset : offset + len(chunk)] = chunk
-            offset += len(chunk)
-        history_section = TokenHistorySection(
-            req_pool_indices=packed[start : start + bs],
-            req_all_ids_lens=packed[start + bs : start + 2 * bs],
-            offsets=packed[start + 2 * bs : start + 3 * bs + 1],
-            req_all_ids_flat=packed[start + 3 * bs + 1 : start + history_words],
-        )
+        bs = len(rows)
+        sizes += (bs, bs, bs + 1, sum(segment_lens))
     if owners is not None:
-        owner_rows, owner_values = owners
-        start = owner_start
-        array[start : start + num_owner_rows] = owner_rows
-        array[start + num_owner_rows : admission_start] = owner_values
-        owner_section = OwnerSection(
-            rows=packed[start : start + num_owner_rows],
-            values=packed[start + num_owner_rows : admission_start],
-        )
-    admission_section = None
+        sizes += (len(owners[0]),) * 2
     if admissions is not None:
-        views = []
-        for index, values in enumerate(admissions):
-            start = admission_start + index * num_admissions
-            array[start : start + num_admissions] = values
-            views.append(packed[start : start + num_admissions])
-        admission_section = AdmissionSection(
-            rows=views[0], prefix_lens=views[1], chains=views[2]
-        )
+        sizes += (len(admissions[0]),) * 3
+    packed = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pin_memory)
+    array = packed.numpy()
+    end = sizes[0]
+    array[:end] = seq_lens
+    if history is not None:
+        array[end : end + bs] = rows
+        array[end + bs : end + 2 * bs] = history_lens
+        array[end + 2 * bs] = 0
+        np.cumsum(segment_lens, out=array[end + 2 * bs + 1 : end + 3 * bs + 1])
+        end += 3 * bs + 1
+        for chunk in chunks:
+            array[end : end + len(chunk)] = chunk
+            end += len(chunk)
+    for values in (owners or ()) + (admissions or ()):
+        array[end : end + len(values)] = values
+        end += len(values)
     return RowUpdates(
         packed=packed,
-        seq_lens=seq_lens_section,
-        token_history=history_section,
-        owners=owner_section,
+        segment_sizes=tuple(sizes),
+        has_history=history is not None,
+        has_owners=owners is not None,
+        has_admissions=admissions is not None,
         commit_rows=commit_rows,
         commit_owners=commit_owners,
         commit_history_lens=commit_history_lens,
         unknown_owner_rows=unknown_owner_rows,
         deferred=deferred,
-        admissions=admission_section,
     )

@@ -1,0 +1,89 @@
+"""Wall-clock timers around the KV canary's host-side functions, inside a real server.
+
+Put this folder first on ``PYTHONPATH`` and set ``KV_CANARY_HOST_TIMERS=N``: every Python process
+then wraps the functions of :data:`TIMED` with ``time.perf_counter`` (no tracer: the figures are
+real host costs, unlike a profiler's), and the process that runs forwards logs one line every
+``N`` forwards: ``KV canary host timers over N forwards: name mean_us x calls_per_forward, ...``.
+Used by ``bench_server_overhead.py --host-timers``; never imported by the package itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+import time
+
+_EVERY = int(os.environ.get("KV_CANARY_HOST_TIMERS", "0") or 0)
+
+# (module, attribute path) of every timed function; the first one counts the forwards
+TIMED = (
+    ("sglang.srt.model_executor.model_runner", "ModelRunner.forward"),
+    # before the modules that import them by name
+    ("sglang.jit_kernel.kv_canary.kernel_inputs", "check_scatter_inputs"),
+    ("sglang.jit_kernel.kv_canary.kernel_inputs", "check_hash_oracle_inputs"),
+    ("triton.runtime.jit", "JITFunction.run"),
+    ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner.on_init_new"),
+    ("sglang.srt.kv_canary.runner.request_rows", "RequestRows.prepare"),
+    ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner._upload"),
+    ("sglang.srt.kv_canary.token_history.history", "TokenHistory.upload"),
+    ("sglang.srt.kv_canary.runner.request_rows", "RequestRows.commit"),
+    ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner.on_decode_replay"),
+    ("sglang.srt.kv_canary.runner.graph_padding", "point_padded_rows_at_row_zero"),
+    ("sglang.srt.kv_canary.monitor.monitor", "CanaryMonitor.poll"),
+    ("sglang.srt.kv_canary.monitor.monitor", "CanaryMonitor.after_forward"),
+    ("sglang.srt.kv_canary.token_oracle.sampler", "OracleSampler.forward"),
+    ("sglang.srt.kv_canary.token_oracle.manager", "TokenOracleManager.sample_next_tokens_by_request"),
+    ("sglang.srt.kv_canary.monitor.counter_snapshots", "CounterSnapshotPipe.enqueue"),
+    ("sglang.srt.kv_canary.monitor.health", "HealthChecker.check"),
+    ("sglang.srt.layers.sampler", "Sampler.forward"),
+)
+
+_totals: dict[str, list[float]] = {}
+
+
+def _wrap(name: str, function):
+    entry = _totals.setdefault(name, [0.0, 0])
+    first = name == TIMED[0][1]
+
+    @functools.wraps(function)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            entry[0] += time.perf_counter() - start
+            entry[1] += 1
+            if first and entry[1] % _EVERY == 0:
+                _report()
+
+    return timed
+
+
+def _report() -> None:
+    forwards = _totals[TIMED[0][1]][1] or 1
+    parts = [
+        f"{name} {total / calls * 1e6:.1f}us x{calls / forwards:.2f}"
+        for name, (total, calls) in _totals.items() if calls
+    ]
+    logging.getLogger("kv_canary_host_timers").warning(
+        f"KV canary host timers over {forwards} forwards: " + ", ".join(parts)
+    )
+    for entry in _totals.values():
+        entry[0], entry[1] = 0.0, 0
+
+
+def _install() -> None:
+    for module_name, path in TIMED:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # a module this SGLang does not have: leave it untimed
+            continue
+        owner, _, attribute = path.rpartition(".")
+        holder = getattr(module, owner) if owner else module
+        setattr(holder, attribute, _wrap(path, getattr(holder, attribute)))
+
+
+if _EVERY > 0:
+    _install()

@@ -1,0 +1,107 @@
+"""DirectLauncher: the compiled variant of each argument-type signature, launched without
+``JITFunction.run``'s per-call binding (``jit_kernel/kv_canary/direct_launch.py``).
+
+CPU: the contract (a kernel specialized on any argument value is refused, naming it) and the
+type classes of scalar arguments. CUDA: direct launches write exactly what the normal launch
+writes over changing sizes, offsets, strides and dtypes; one variant per type signature; and a
+launch hook (a profiler's) sends every launch through the normal path.
+"""
+
+import sys
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from sglang.jit_kernel.kv_canary.direct_launch import (
+    DirectLauncher,
+    _int_type,
+    direct_launches_supported,
+)
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+
+register_cpu_ci(est_time=5, suite="kv-canary-cpu")
+register_cuda_ci(est_time=10, suite="kv-canary-gpu")
+
+
+@triton.jit(do_not_specialize=["src_ptr", "dst_ptr", "n", "stride", "offset"])
+def _affine_kernel(src_ptr, dst_ptr, n, stride, offset, SCALE: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = index < n
+    value = tl.load(src_ptr + index * stride, mask=valid, other=0)
+    tl.store(dst_ptr + index, value * SCALE + offset, mask=valid)
+
+
+@triton.jit(do_not_specialize=["src_ptr", "n"])
+def _specializes_dst_and_stride(src_ptr, dst_ptr, n, stride, BLOCK: tl.constexpr):
+    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + index, tl.load(src_ptr + index * stride, mask=index < n), mask=index < n)
+
+
+def test_a_kernel_specialized_on_an_argument_value_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"\['dst_ptr', 'stride'\].*do_not_specialize"):
+        DirectLauncher(_specializes_dst_and_stride, num_warps=1)
+    DirectLauncher(_affine_kernel, num_warps=1)  # every non-constexpr parameter listed
+
+
+def test_scalar_type_classes_follow_tritons_rule() -> None:
+    assert [_int_type(v) for v in (0, -1, 2**31 - 1, -(2**31))] == ["i32"] * 4
+    assert [_int_type(v) for v in (2**31, -(2**31) - 1, 2**63 - 1)] == ["i64"] * 3
+    assert _int_type(2**63) == "u64"
+    assert _int_type(True) == "u1"
+
+
+def _reference(src: torch.Tensor, *, n: int, stride: int, offset: int, scale: int) -> list[int]:
+    return [int(src[i * stride]) * scale + offset for i in range(n)]
+
+
+@pytest.mark.gpu
+def test_direct_launches_write_what_the_normal_launch_writes() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    assert direct_launches_supported(), f"triton {triton.__version__}"
+    launcher = DirectLauncher(_affine_kernel, num_warps=4)
+    buffer = torch.arange(4096, dtype=torch.int64, device="cuda") * 3 - 7
+    cases = [  # (view start, n, stride, offset, scale, dtype): odd offsets, 1s, big values
+        (0, 5, 1, 0, 2, torch.int64), (1, 300, 1, 1, 2, torch.int64),
+        (3, 1, 7, -5, 2, torch.int64), (5, 1000, 3, 2**40, 2, torch.int64),
+        (2, 17, 2, 16, 3, torch.int64), (0, 64, 1, 0, 2, torch.int32),
+        (7, 33, 5, -1, 2, torch.int32),
+    ]
+    for start, n, stride, offset, scale, dtype in cases:
+        src = buffer.to(dtype)[start:]
+        dst = torch.full((n,), -99, dtype=dtype, device="cuda")
+        launcher((triton.cdiv(n, 128),), src, dst, n, stride, offset, scale, 128)
+        torch.cuda.synchronize()
+        assert dst.tolist() == _reference(src, n=n, stride=stride, offset=offset, scale=scale)
+    # int64 / int32 tensors x i32 / i64 offsets x two SCALEs: one variant per type signature
+    assert launcher.variants == 4
+
+
+@pytest.mark.gpu
+def test_a_launch_hook_sees_every_launch() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    launcher = DirectLauncher(_affine_kernel, num_warps=4)
+    src = torch.arange(8, dtype=torch.int64, device="cuda")
+    dst = torch.zeros(8, dtype=torch.int64, device="cuda")
+    launcher((1,), src, dst, 8, 1, 0, 1, 128)  # compiles
+    seen = []
+
+    def hook(metadata) -> None:
+        seen.append(metadata)
+
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launcher((1,), src, dst, 8, 1, 1, 1, 128)
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    torch.cuda.synchronize()
+    assert len(seen) == 1
+    assert dst.tolist() == list(range(1, 9))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
