@@ -7,8 +7,8 @@ tokens) that Python costs far more than the launch itself: about 57 us per call 
 host of this release's measurements (``benchmark/host_timers``), against a few us for the
 launch.
 
-:class:`DirectLauncher` keeps the compiled variant of each argument *type* signature and calls
-its launcher directly. That is exact only when the variant depends on nothing but the types, so
+:class:`DirectLauncher` keeps the compiled variant of each device and argument *type* signature
+and calls its launcher directly. That is exact only when the variant depends on nothing but the types, so
 the kernel must not specialize on any argument value: every non-constexpr parameter must be in
 the kernel's ``do_not_specialize`` (then Triton's key of a tensor is its pointer type and of an
 integer ``i32`` / ``i64`` / ``u64``, whatever the value or alignment). The constructor checks
@@ -82,7 +82,8 @@ class DirectLauncher:
 
     @property
     def variants(self) -> int:
-        """Compiled variants launched directly so far (one per argument type signature)."""
+        """Compiled variants launched directly so far (one per device and argument type
+        signature)."""
         return len(self._variants)
 
     def __call__(self, grid: Sequence[int], *args: Any) -> None:
@@ -91,17 +92,19 @@ class DirectLauncher:
         if not self._direct:
             self._kernel[tuple(grid)](*args, num_warps=self._num_warps)
             return
-        key = tuple(
+        # the device and stream JITFunction.run would use: the current ones (a variant is
+        # loaded per device)
+        device = _driver.active.get_current_device()
+        key = (device, *(
             arg if constexpr else (arg.dtype if isinstance(arg, torch.Tensor) else _int_type(arg))
             for arg, constexpr in zip(args, self._constexpr)
-        )
+        ))
         compiled = self._variants.get(key)
         if compiled is None or _launch_hooks_installed():
             compiled = self._kernel[tuple(grid)](*args, num_warps=self._num_warps)
             self._variants.setdefault(key, compiled)
             return
-        # the stream JITFunction.run would use: the current stream of the current device
-        stream = _driver.active.get_current_stream(_driver.active.get_current_device())
+        stream = _driver.active.get_current_stream(device)
         grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
         compiled.run(
             grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,

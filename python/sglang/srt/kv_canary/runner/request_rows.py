@@ -270,8 +270,15 @@ class RequestRows:
                     "the canary needs its req_to_token row"
                 )
             origin, output = req.origin_input_ids, req.output_ids
-            owner = (weakref.ref(req), req.retraction_count, id(origin), id(output))
-            new_owner = not incremental or row_owner[row] != owner
+            owner = row_owner[row]
+            # the same owner: the same object (by identity), retraction count and token lists
+            new_owner = not (
+                incremental and owner is not None and owner[0]() is req
+                and owner[1] == req.retraction_count
+                and owner[2] == id(origin) and owner[3] == id(output)
+            )
+            if new_owner:
+                owner = (weakref.ref(req), req.retraction_count, id(origin), id(output))
             rows.append(row)
             if defer and new_owner:
                 # the device forgets the row's previous owner now; its own tokens come later
@@ -389,16 +396,6 @@ class RequestRows:
         ):
             self._row_owner[row] = owner
             self._row_synced_len[row] = history_len
-
-
-def _pool_row(req: RequestHistory) -> int:
-    row = req.req_pool_idx
-    if row is None:
-        raise ValueError(
-            f"request {req.rid!r} is in a forward batch but has req_pool_idx=None; "
-            "the canary needs its req_to_token row"
-        )
-    return row
 
 
 def _history_array(origin: list[int], output: list[int], length: int) -> np.ndarray:

@@ -83,8 +83,8 @@ class OracleSampler(Sampler):
                 f"request ids and {positions.shape[0]} positions"
             )
         next_token_ids = self.manager.sample_next_tokens_by_request(
-            rids_int=rids_int[:rows], bootstrap_room_ids_int=rooms[:rows],
-            logits_positions=positions[:rows],
+            rids_int=_first(rids_int, rows), bootstrap_room_ids_int=_first(rooms, rows),
+            logits_positions=_first(positions, rows),
         )
         if self.next_token_swap is not None:
             next_token_ids = maybe_perturb_swap_next_tokens(
@@ -102,6 +102,11 @@ class OracleSampler(Sampler):
                 next_token_ids,
             )
         return next_token_ids
+
+
+def _first(values: torch.Tensor, rows: int) -> torch.Tensor:
+    """``values[:rows]``, without a new view when it already has ``rows`` entries."""
+    return values if values.shape[0] == rows else values[:rows]
 
 
 def _sampled_rows_of(sampling_info: object):
