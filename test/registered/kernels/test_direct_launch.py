@@ -53,6 +53,14 @@ def test_scalar_type_classes_follow_tritons_rule() -> None:
     assert _int_type(True) == "u1"
 
 
+def test_another_triton_launches_through_the_normal_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert direct_launches_supported() == triton.__version__.startswith("3.6.")
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    assert not direct_launches_supported()
+    assert not DirectLauncher(_affine_kernel, num_warps=1)._direct
+
+
 def _reference(src: torch.Tensor, *, n: int, stride: int, offset: int, scale: int) -> list[int]:
     return [int(src[i * stride]) * scale + offset for i in range(n)]
 

@@ -6,6 +6,7 @@ leaves, over a schedule with arrivals, chunked prefill, decode, finishing, retra
 reuse, while carrying far fewer tokens.
 """
 
+import dataclasses
 import sys
 
 import pytest
@@ -203,6 +204,29 @@ def test_incremental_rewrites_row_from_zero_when_ownership_changes(change: str) 
     assert _flat(updates) == req.history()
     synced.upload(updates)
     assert synced.tokens[2, : len(req.history())].tolist() == req.history()
+
+
+def test_an_equal_but_distinct_request_object_is_a_new_owner() -> None:
+    # Owners compare by identity: a request class with value equality (a dataclass) must not
+    # let a new request that equals the old one inherit the row's owner chain and history.
+    @dataclasses.dataclass(eq=True)
+    class ValueEqualReq:
+        rid: str
+        origin_input_ids: list[int]
+        output_ids: list[int]
+        req_pool_idx: int
+        retraction_count: int = 0
+
+    rows = RequestRows(num_rows=4, token_history=True, owner_chains=True, pin_memory=False)
+    prompt, outputs = [1, 2, 3], [4]
+    first = ValueEqualReq("a", prompt, outputs, 2)
+    rows.commit(rows.prepare(reqs=[first], prefix_lens=[0], seq_lens=[4]))
+    assert rows.prepare(reqs=[first], prefix_lens=[4], seq_lens=[4]).owners.rows.tolist() == []
+    twin = ValueEqualReq("a", prompt, outputs, 2)  # same lists, equal by value, another object
+    assert twin == first
+    updates = rows.prepare(reqs=[twin], prefix_lens=[3], seq_lens=[4])
+    assert updates.owners.rows.tolist() == [2]
+    assert _flat(updates) == [1, 2, 3, 4]
 
 
 def test_row_moved_to_another_row_is_written_in_full() -> None:
