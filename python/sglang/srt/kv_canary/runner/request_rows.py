@@ -27,10 +27,10 @@ after enqueuing the model, before the post launch): the whole history, and the o
 the prefix, which the admission launch (:mod:`sglang.jit_kernel.kv_canary.admission_owner`)
 checks exactly as the pre launch would have (same violation row) before the post launch runs.
 
-An owner is the request object (held by weak reference and compared by identity: a new object at
-a recycled address, or one equal by value, is a new owner) plus its retraction count and the identities of its two token lists, so a retracted
-request, a request moved to another row, a row reused by a new request, or a history that was
-replaced or shrank is re-sent in full. :meth:`RequestRows.prepare` (at ``ForwardBatch.init_new``)
+An owner is the request object (held by weak reference and compared by identity: a new object
+at a recycled address, or one equal by value, is a new owner) plus its retraction count and the
+identities of its two token lists, so a retracted request, a request moved to another row, a
+row reused by a new request, or a history that was replaced or shrank is re-sent in full. :meth:`RequestRows.prepare` (at ``ForwardBatch.init_new``)
 packs everything one forward needs into one host buffer (pinned on CUDA); the bookkeeping
 advances only when :meth:`RequestRows.commit` is called, when that buffer is uploaded, so a batch
 that never runs leaves no gap.
