@@ -15,7 +15,27 @@ import logging
 import os
 import time
 
-_EVERY = int(os.environ.get("KV_CANARY_HOST_TIMERS", "0") or 0)
+
+def every_n_forwards(value: str) -> int:
+    """The value of ``KV_CANARY_HOST_TIMERS``: an integer >= 0 (0 or empty: off).
+
+    Raises:
+        ValueError: anything else, naming the variable (Python prints it at start-up as
+            "Error in sitecustomize" and runs on without timers).
+    """
+    try:
+        every = int(value or "0")
+    except ValueError:
+        every = -1
+    if every < 0:
+        raise ValueError(
+            f"KV_CANARY_HOST_TIMERS={value!r} is invalid; allowed: an integer >= 0 (the forwards "
+            "per timer line; 0 or unset: off)"
+        )
+    return every
+
+
+_EVERY = every_n_forwards(os.environ.get("KV_CANARY_HOST_TIMERS", ""))
 
 # (module, attribute path) of every timed function; the first one counts the forwards
 TIMED = (

@@ -119,6 +119,10 @@ def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptu
     assert line.startswith("KV canary host timers over 2 forwards: ModelRunner.forward ")
     assert "helper " in line and line.endswith("x1.50")
     assert float(line.split("ModelRunner.forward ")[1].split("us")[0]) >= 1000
+    assert [timers.every_n_forwards(v) for v in ("", "0", "500")] == [0, 0, 500]
+    for bad in ("-1", "often", "1.5"):
+        with pytest.raises(ValueError, match=f"KV_CANARY_HOST_TIMERS='{bad}' is invalid"):
+            timers.every_n_forwards(bad)
 
 
 # ----------------------------------------------------------------------------- configurations

@@ -3,7 +3,7 @@
 A ``kernel[grid](...)`` call binds every argument, computes a specialization key from each
 one, looks the compiled variant up and only then launches it. For the canary's small eager
 launches that run every step outside CUDA graphs (the token-history scatter, the oracle's
-tokens) that Python costs far more than the launch itself: about 57 us per call on the H100
+tokens) that Python costs far more than the launch itself: 40-57 us per call on the H100
 host of this release's measurements (``benchmark/host_timers``), against a few us for the
 launch.
 
