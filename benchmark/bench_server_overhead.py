@@ -118,7 +118,7 @@ from sglang.srt.kv_canary.tools.server import (
     ServerStartError,
     start_server,
 )
-from sglang.srt.kv_canary.tools.tiny_model import make_tiny_model
+from sglang.srt.kv_canary.tools.tiny_model import make_tiny_eagle_draft, make_tiny_model
 
 # Sibling modules (this directory is on sys.path when the script runs).
 from server_overhead_table import (
@@ -710,6 +710,7 @@ class BenchOptions:
     time_budget_s: float
     repeat_first: bool
     host_timers: int = 0
+    eagle_steps: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {**{key: value for key, value in dataclasses.asdict(self).items()
@@ -757,7 +758,14 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                         help="time the canary's host-side functions inside every server "
                              "(benchmark/host_timers/sitecustomize.py) and print each server's "
                              "last line of means over N forwards (default 0: off)")
+    parser.add_argument("--eagle-steps", type=int, default=0, metavar="N",
+                        help="serve every model with EAGLE speculative decoding (a one-layer "
+                             "dummy draft built beside it, spec v2, topk 1, N draft steps, N + 1 "
+                             "draft tokens), in every configuration (default 0: off)")
     namespace = parser.parse_args(argv)
+    if namespace.eagle_steps < 0:
+        parser.error(f"--eagle-steps={namespace.eagle_steps} is invalid; allowed: an integer "
+                     ">= 0 (0: off)")
     if namespace.host_timers < 0:
         parser.error(f"--host-timers={namespace.host_timers} is invalid; allowed: an integer "
                      ">= 0 (0: off)")
@@ -773,7 +781,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                          allowed=list(WORKLOADS_BY_NAME)),
         repeats=namespace.repeats, out=namespace.out, log_dir=namespace.log_dir,
         time_budget_s=namespace.time_budget_s, repeat_first=namespace.repeat_first,
-        host_timers=namespace.host_timers,
+        host_timers=namespace.host_timers, eagle_steps=namespace.eagle_steps,
     )
 
 
@@ -798,6 +806,16 @@ def last_host_timers_line(log_path: str) -> str | None:
         return None
     found = [line for line in lines if "KV canary host timers over" in line]
     return found[-1] if found else None
+
+
+def with_eagle(model: ModelShape, *, draft_dir: pathlib.Path, steps: int) -> ModelShape:
+    """``model`` served with EAGLE (spec v2, topk 1, ``steps`` draft steps) from ``draft_dir``."""
+    return dataclasses.replace(model, server_args=(
+        *model.server_args, "--speculative-algorithm", "EAGLE",
+        "--speculative-draft-model-path", str(draft_dir),
+        "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", str(steps + 1),
+    ))
 
 
 def make_model(model: ModelShape, *, directory: pathlib.Path) -> pathlib.Path:
@@ -865,6 +883,11 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
         for name in options.models:
             model = MODELS[name]
             model_dir = make_model(model, directory=pathlib.Path(models_root) / name)
+            if options.eagle_steps:
+                draft_dir = make_tiny_eagle_draft(
+                    directory=pathlib.Path(models_root) / f"{name}-eagle", target_dir=model_dir
+                )
+                model = with_eagle(model, draft_dir=draft_dir, steps=options.eagle_steps)
             results[name] = []
             for result in iter_model_results(
                 model=model, model_dir=model_dir, configs=configs, workloads=workloads,

@@ -85,6 +85,7 @@ TRITON_MODULES = (
     f"{_PACKAGE}.sweep",
     f"{_PACKAGE}.hash_oracle",
     f"{_PACKAGE}.admission_owner",
+    f"{_PACKAGE}.accepted_owner",
 )
 
 
@@ -122,6 +123,13 @@ def admission_impl(impl: str) -> ModuleType:
     if impl == "reference":
         return importlib.import_module(f"{_PACKAGE}.admission_owner_ref")
     return import_triton_modules()["admission_owner"]
+
+
+def accepted_owner_impl(impl: str) -> ModuleType:
+    """Module with ``launch_accepted_owner_resync`` of ``impl``."""
+    if impl == "reference":
+        return importlib.import_module(f"{_PACKAGE}.accepted_owner_ref")
+    return import_triton_modules()["accepted_owner"]
 
 
 def sweep_impl(impl: str) -> ModuleType:

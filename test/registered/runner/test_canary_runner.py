@@ -38,8 +38,11 @@ from sglang.srt.kv_canary.runner.canary_runner import (
 )
 from sglang.srt.kv_canary.runner.kernel_inputs import (
     UnsupportedForwardModeError,
+    ForwardKind,
+    UniformBlocks,
     build_batch_view,
-    canary_layout,
+    forward_kind,
+    host_prefix_lens,
 )
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.memory_budget import UPLOAD_STAGING_WORDS, fixed_buffers
@@ -105,7 +108,7 @@ def _extend_batch(*, mode: ForwardMode, prefix_lens: list[int], extend_lens: lis
 
 
 def _view(batch: ForwardBatch, host_seq_lens: torch.Tensor | None = None):
-    return build_batch_view(batch, layout=canary_layout(batch.forward_mode), checks={},
+    return build_batch_view(batch, kind=forward_kind(batch), checks={},
                             host_seq_lens=host_seq_lens)
 
 
@@ -147,11 +150,88 @@ def test_dp_attention_padded_extend_rows_are_cut_to_the_prefix_rows() -> None:
 
 
 def test_idle_has_no_view_and_other_modes_are_refused() -> None:
-    assert canary_layout(ForwardMode.IDLE) is None
-    for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.SPLIT_PREFILL,
-                 ForwardMode.DRAFT_EXTEND_V2, ForwardMode.PREBUILT, ForwardMode.DLLM_EXTEND):
+    assert forward_kind(SimpleNamespace(forward_mode=ForwardMode.IDLE)) is None
+    for mode in (ForwardMode.DRAFT_EXTEND, ForwardMode.SPLIT_PREFILL, ForwardMode.PREBUILT,
+                 ForwardMode.DLLM_EXTEND):
         with pytest.raises(UnsupportedForwardModeError, match=f"forward mode {mode.name} is not"):
-            canary_layout(mode)
+            forward_kind(SimpleNamespace(forward_mode=mode))
+
+
+class _SpecInput:
+    def __init__(self, *, draft: bool) -> None:
+        self._draft = draft
+
+    def is_draft_input(self) -> bool:
+        return self._draft
+
+
+def _uniform_batch(*, mode: ForwardMode, rows: list[int], seq_lens: list[int], block: int,
+                   draft: bool = False, positions: list[int] | None = None) -> SimpleNamespace:
+    tokens = len(rows) * block
+    return SimpleNamespace(
+        forward_mode=mode, batch_size=len(rows),
+        req_pool_indices=torch.tensor(rows, dtype=torch.int64),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+        input_ids=torch.arange(tokens, dtype=torch.int64),
+        positions=torch.tensor(positions if positions is not None else [0] * tokens,
+                               dtype=torch.int64),
+        out_cache_loc=torch.arange(1, tokens + 1, dtype=torch.int64),
+        spec_info=_SpecInput(draft=draft),
+        extend_prefix_lens_cpu=None,
+    )
+
+
+def test_eagle_forwards_are_uniform_block_views_of_the_batch() -> None:
+    """TARGET_VERIFY: block D after a prefix of seq_lens; DRAFT_EXTEND_V2: the same block after
+    seq_lens - D (seq_lens already count it); a draft decode step: one token after a prefix of
+    its position (the EAGLE draft leaves seq_lens un-bumped). Lengths and starts are views of
+    the persistent uniform blocks."""
+    blocks = UniformBlocks(rows=8, blocks=(1, 3), device=torch.device("cpu"))
+    verify = _uniform_batch(mode=ForwardMode.TARGET_VERIFY, rows=[4, 0], seq_lens=[7, 1],
+                            block=3)
+    assert forward_kind(verify) is ForwardKind.TARGET_VERIFY
+    view = build_batch_view(verify, kind=ForwardKind.TARGET_VERIFY, checks={},
+                            host_seq_lens=None, blocks=blocks)
+    assert view.layout is BatchLayout.EXTEND
+    assert view.extend_prefix_lens.data_ptr() == verify.seq_lens.data_ptr()
+    assert view.extend_seq_lens.tolist() == [3, 3]
+    assert view.extend_start_loc.tolist() == [0, 3]
+    assert host_prefix_lens(verify) == [7, 1]
+
+    extend = _uniform_batch(mode=ForwardMode.DRAFT_EXTEND_V2, rows=[4], seq_lens=[10], block=3,
+                            draft=True)
+    assert forward_kind(extend) is ForwardKind.DRAFT_EXTEND
+    view = build_batch_view(extend, kind=ForwardKind.DRAFT_EXTEND, checks={},
+                            host_seq_lens=None, blocks=blocks)
+    assert view.extend_prefix_lens.tolist() == [7]
+    assert host_prefix_lens(extend) == [7]
+
+    step = _uniform_batch(mode=ForwardMode.DECODE, rows=[4, 5], seq_lens=[7, 9], block=1,
+                          draft=True, positions=[8, 10])
+    assert forward_kind(step) is ForwardKind.DRAFT_DECODE
+    view = build_batch_view(step, kind=ForwardKind.DRAFT_DECODE, checks={},
+                            host_seq_lens=None, blocks=blocks)
+    assert view.extend_prefix_lens.data_ptr() == step.positions.data_ptr()
+    assert view.extend_seq_lens.tolist() == [1, 1]
+    assert view.extend_start_loc.tolist() == [0, 1]
+    assert host_prefix_lens(step) == [7, 9]
+    assert view.extend_seq_lens.data_ptr() == blocks.views(rows=2, block=1)[0].data_ptr()
+
+    uneven = _uniform_batch(mode=ForwardMode.TARGET_VERIFY, rows=[4, 5], seq_lens=[7, 1],
+                            block=3)
+    uneven.input_ids = uneven.input_ids[:5]
+    with pytest.raises(ValueError, match="same number of tokens in every row"):
+        build_batch_view(uneven, kind=ForwardKind.TARGET_VERIFY, checks={},
+                         host_seq_lens=None, blocks=blocks)
+
+
+def test_uniform_blocks_grow_for_larger_eager_batches() -> None:
+    blocks = UniformBlocks(rows=2, blocks=(4,), device=torch.device("cpu"))
+    lengths, starts = blocks.views(rows=5, block=4)
+    assert lengths.tolist() == [4] * 5
+    assert starts.tolist() == [0, 4, 8, 12, 16]
+    assert blocks.views(rows=1, block=2)[1].tolist() == [0]
 
 
 # ----------------------------------------------------------------------------- installation
@@ -253,7 +333,7 @@ def test_unsupported_mode_is_refused_before_the_forward_runs() -> None:
     server = _server()
     ran = []
     batch = _decode_batch(req_pool_indices=[1], seq_lens=[2])
-    batch.forward_mode = ForwardMode.TARGET_VERIFY
+    batch.forward_mode = ForwardMode.SPLIT_PREFILL
     with pytest.raises(UnsupportedForwardModeError):
         around_forward(lambda *a: ran.append(a), server.runner, batch)
     assert ran == []
@@ -404,8 +484,11 @@ def test_capture_starts_from_padding_rows_only() -> None:
 
 
 def test_memory_budget_hooks() -> None:
-    cell_size = add_record_bytes_to_cell_size(4096, object(), object(), 4)
+    target = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm=None))
+    cell_size = add_record_bytes_to_cell_size(4096, object(), target, 4)
     assert cell_size == 4096 + RECORD_BYTES
+    eagle = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE"))
+    assert add_record_bytes_to_cell_size(4096, object(), eagle, 4) == 4096 + 2 * RECORD_BYTES
 
     model_runner = SimpleNamespace(  # what the budget reads of a ModelRunner, before the pools
         device="cpu", page_size=4, dp_size=1,

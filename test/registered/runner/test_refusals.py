@@ -42,17 +42,42 @@ class _ServerArgs:
     enable_lmcache: bool = False
     enable_pdmux: bool = False
     dllm_algorithm: str | None = None
+    disable_overlap_schedule: bool = False
+    speculative_eagle_topk: int | None = None
+    enable_multi_layer_eagle: bool = False
+    page_size: int | None = None
+    enable_dp_attention: bool = False
 
 
 def test_supported_flags_pass() -> None:
     assert unsupported_server_args(_ServerArgs()) == []
+    for algorithm in ("EAGLE", "EAGLE3"):  # spec v2 (overlap on), topk 1, page size 1
+        assert unsupported_server_args(
+            _ServerArgs(speculative_algorithm=algorithm, speculative_eagle_topk=1, page_size=1)
+        ) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"speculative_algorithm": "NGRAM"}, "remove --speculative-algorithm or use EAGLE"),
+        ({"speculative_algorithm": "STANDALONE"}, "remove --speculative-algorithm or use EAGLE"),
+        ({"disable_overlap_schedule": True}, "keep the overlap schedule"),
+        ({"speculative_eagle_topk": 4}, "use --speculative-eagle-topk 1"),
+        ({"enable_multi_layer_eagle": True}, "single-layer EAGLE draft"),
+        ({"page_size": 16}, "use --page-size 1"),
+        ({"enable_dp_attention": True}, "--enable-dp-attention"),
+    ],
+)
+def test_each_unsupported_speculative_setting_is_named(change: dict, named: str) -> None:
+    reasons = unsupported_server_args(_ServerArgs(**{"speculative_algorithm": "EAGLE", **change}))
+    assert len(reasons) == 1 and named in reasons[0], reasons
 
 
 @pytest.mark.parametrize(
     ("change", "named"),
     [
         ({"disable_piecewise_cuda_graph": False}, "pass --disable-piecewise-cuda-graph"),
-        ({"speculative_algorithm": "EAGLE"}, "remove --speculative-algorithm"),
         ({"pp_size": 2}, "use --pp-size 1"),
         ({"enable_torch_compile": True}, "--enable-torch-compile"),
         ({"disaggregation_mode": "decode"}, "remove --disaggregation-mode"),

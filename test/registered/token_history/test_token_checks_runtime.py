@@ -535,7 +535,7 @@ def test_start_up_line_describes_the_token_checks(caplog_canary) -> None:
 def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
     server_args = SimpleNamespace(
         max_running_requests=None, speculative_num_draft_tokens=None, max_prefill_tokens=16384,
-        chunked_prefill_size=8192, cuda_graph_max_bs=256,
+        chunked_prefill_size=8192, cuda_graph_max_bs=256, speculative_algorithm=None,
     )
     assert request_rows_bound(server_args, dp_size=1) == 4097  # SGLang caps at 4096 (+ row 0)
     server_args.max_running_requests = 64
@@ -563,6 +563,21 @@ def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
         attach_canary_runner(model_runner=model_runner, runner=CanaryRunner(
             config=config, model_runner=model_runner, kernels=KERNELS))
         assert reserve_fixed_bytes(10**10, model_runner, 0) == 10**10 - expected
+
+    # EAGLE: the draft canary gets the same buffers but the write expectations; each adds a
+    # second owner-chain row (the draft steps' scratch) and the uniform blocks (sizes 1 and D)
+    server_args.speculative_algorithm = "EAGLE"
+    assert max_tokens_per_forward(server_args, max_running_requests=8000) == 8000 * 3  # D per row
+    eagle_base = base + 33 * 8 + 2 * 2 * 256 * 8
+    for config, one in (
+        (CanaryConfig(mode=CanaryMode.LOG), eagle_base + 1024 * RING_ROW_FIELDS * 8),
+        (token_config(write_input=False), eagle_base + 512 * RING_ROW_FIELDS * 8 + history),
+    ):
+        model_runner = SimpleNamespace(server_args=server_args, dp_size=2, page_size=1,
+                                       device="cpu", model_config=SimpleNamespace(context_len=4096))
+        attach_canary_runner(model_runner=model_runner, runner=CanaryRunner(
+            config=config, model_runner=model_runner, kernels=KERNELS))
+        assert reserve_fixed_bytes(10**10, model_runner, 0) == 10**10 - 2 * one
 
 
 def test_the_reservation_covers_what_is_allocated() -> None:

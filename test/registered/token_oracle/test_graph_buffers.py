@@ -16,7 +16,7 @@ from sglang.srt.kv_canary.hooks.cuda_graph_runner import (
 )
 from sglang.srt.kv_canary.hooks.eagle import (
     around_draft_capture_one_batch_size,
-    before_draft_replay,
+    around_draft_replay,
 )
 from sglang.srt.kv_canary.runner.batch_inputs import CanaryBatchInputs, attach_batch_inputs
 from sglang.srt.kv_canary.runner.canary_runner import runner_of
@@ -162,7 +162,9 @@ def test_draft_capture_shadows_draft_forward_only_while_capturing() -> None:
     assert rooms.data_ptr() == rooms_buffer.data_ptr()
     assert "draft_forward" not in vars(worker)  # the class method is back
 
-    before_draft_replay(runner, _live_batch(runner, ["q"], [4]))
+    replayed = around_draft_replay(lambda runner, batch: "replayed", runner,
+                                   _live_batch(runner, ["q"], [4]))
+    assert replayed == "replayed"
     assert buffers.tolist() == [rid_hash("q")] + [0] * 7
     assert rooms_buffer.tolist() == [4] + [-1] * 7
 

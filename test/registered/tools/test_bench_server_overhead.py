@@ -69,6 +69,7 @@ def test_lists_keep_order_and_drop_repeats(tmp_path: pathlib.Path) -> None:
     (["--repeats", "0"], "--repeats=0 is invalid; allowed: an integer >= 1"),
     (["--time-budget-s", "0"], "--time-budget-s=0.0 is invalid; allowed: > 0"),
     (["--host-timers", "-1"], "--host-timers=-1 is invalid; allowed: an integer >= 0 (0: off)"),
+    (["--eagle-steps", "-2"], "--eagle-steps=-2 is invalid; allowed: an integer >= 0 (0: off)"),
 ])
 def test_bad_options_exit_2_naming_the_option(argv: list[str], fragment: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,6 +95,21 @@ def test_host_timers_load_the_timing_sitecustomize_in_every_server(
                    "[t] KV canary host timers over 2 forwards: a 2.0us x1.00\nend\n")
     assert bench.last_host_timers_line(str(log)).endswith("a 2.0us x1.00")
     assert bench.last_host_timers_line(str(tmp_path / "missing.log")) is None
+
+
+def test_eagle_steps_serve_every_configuration_with_an_eagle_draft(
+        tmp_path: pathlib.Path) -> None:
+    assert bench.parse_args([]).eagle_steps == 0
+    assert bench.parse_args(["--eagle-steps", "3"]).eagle_steps == 3
+    model = bench.with_eagle(bench.MODELS["tiny"], draft_dir=tmp_path / "draft", steps=3)
+    for config in ("off", "all-checks"):
+        args = bench.launch_args(model=model, config=bench.CONFIGS[config])[1]
+        flags = dict(zip(args[::2], args[1::2]))
+        assert flags["--speculative-algorithm"] == "EAGLE"
+        assert flags["--speculative-draft-model-path"] == str(tmp_path / "draft")
+        assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+                flags["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+    assert bench.MODELS["tiny"].server_args == model.server_args[: -10]
 
 
 def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptureFixture,

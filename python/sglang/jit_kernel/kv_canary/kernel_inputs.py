@@ -566,3 +566,49 @@ def check_admission_inputs(
                 f"{req_pool_indices.shape[0]}"
             )
         check_same_device(state=state, device=tensor.device, what=name)
+
+
+def check_accepted_owner_inputs(
+    *,
+    state: CanaryDeviceState,
+    req_pool_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    accept_lens: torch.Tensor,
+    block: int,
+) -> None:
+    """Raise unless the arguments meet the contract of :mod:`.accepted_owner` (no host sync).
+
+    Raises:
+        TypeError: a tensor has a dtype outside the contract, or ``block`` is not an int.
+        ValueError: ``block < 1``, a tensor is not 1-D and contiguous, the lengths disagree, or a
+            tensor is not on the state's device.
+    """
+    if not isinstance(block, int) or isinstance(block, bool):
+        raise TypeError(f"block must be an int, got {type(block).__name__}")
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    allowed = {
+        "req_pool_indices": (req_pool_indices, _INDEX_DTYPES),
+        "out_cache_loc": (out_cache_loc, _INDEX_DTYPES),
+        "accept_lens": (accept_lens, _INDEX_DTYPES),
+    }
+    for name, (tensor, dtypes) in allowed.items():
+        if tensor.dtype not in dtypes:
+            names = " or ".join(str(dtype) for dtype in dtypes)
+            raise TypeError(f"{name} has dtype {tensor.dtype}; allowed: {names}")
+        if tensor.dim() != 1 or not tensor.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous 1-D tensor, got shape {tuple(tensor.shape)} and "
+                f"strides {tensor.stride()}"
+            )
+        check_same_device(state=state, device=tensor.device, what=name)
+    rows = req_pool_indices.shape[0]
+    if accept_lens.shape[0] != rows:
+        raise ValueError(
+            f"accept_lens has {accept_lens.shape[0]} entries but req_pool_indices has {rows}"
+        )
+    if out_cache_loc.shape[0] != rows * block:
+        raise ValueError(
+            f"out_cache_loc has {out_cache_loc.shape[0]} entries but {rows} rows of block "
+            f"{block} need {rows * block}"
+        )

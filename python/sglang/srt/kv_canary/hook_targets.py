@@ -21,6 +21,10 @@ _KV_MIXIN = "sglang.srt.model_executor.model_runner_kv_cache_mixin.ModelRunnerKV
 _FB = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
 _GRAPH = "sglang.srt.model_executor.cuda_graph_runner"
 _DRAFT_GRAPH = "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner"
+_DRAFT_EXTEND_GRAPH = (
+    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
+)
+_EAGLE_INFO = "sglang.srt.speculative.eagle_info_v2"
 _ADAPTERS = "sglang.srt.kv_canary.hooks"
 
 
@@ -170,8 +174,15 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         target=f"{_GRAPH}.CudaGraphRunner.replay_prepare",
         hook_type="after",
         adapter=f"{_ADAPTERS}.cuda_graph_runner:after_replay_prepare",
-        needed=_oracle_or_canary,
-        purpose="before every replay: refresh the graph's request ids; count the replay",
+        needed=_oracle,
+        purpose="before every replay: refresh the graph's request ids",
+    ),
+    HookSpec(
+        target=f"{_GRAPH}.CudaGraphRunner.replay",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.cuda_graph_runner:after_replay",
+        needed=_canary,
+        purpose="count the canary launches every replay enqueued",
     ),
     HookSpec(
         target=f"{_GRAPH}.DecodeInputBuffers.populate_from_forward_batch",
@@ -185,22 +196,47 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         target=f"{_DRAFT_GRAPH}.capture_one_batch_size",
         hook_type="around",
         adapter=f"{_ADAPTERS}.eagle:around_draft_capture_one_batch_size",
-        needed=_oracle,
-        purpose="the EAGLE draft capture batch reads graph-resident request ids",
+        needed=_oracle_or_canary,
+        purpose="the EAGLE draft capture batch reads graph-resident request ids; count the "
+                "captured canary launches",
     ),
     HookSpec(
         target=f"{_DRAFT_GRAPH}.replay",
-        hook_type="before",
-        adapter=f"{_ADAPTERS}.eagle:before_draft_replay",
-        needed=_oracle,
-        purpose="before every EAGLE draft replay: refresh the graph's request ids",
+        hook_type="around",
+        adapter=f"{_ADAPTERS}.eagle:around_draft_replay",
+        needed=_oracle_or_canary,
+        purpose="every EAGLE draft replay: refresh the graph's request ids first; upload the "
+                "draft batch's rows, count the replayed launches",
     ),
     HookSpec(
-        target="sglang.srt.speculative.eagle_info_v2.EagleVerifyInputV2Mixin.sample",
+        target=f"{_DRAFT_EXTEND_GRAPH}.capture_one_batch_size",
+        hook_type="around",
+        adapter=f"{_ADAPTERS}.eagle:around_draft_extend_capture_one_batch_size",
+        needed=_canary,
+        purpose="count the canary launches captured into each EAGLE draft-extend graph",
+    ),
+    HookSpec(
+        target=f"{_DRAFT_EXTEND_GRAPH}.replay",
+        hook_type="around",
+        adapter=f"{_ADAPTERS}.eagle:around_draft_extend_replay",
+        needed=_canary,
+        purpose="every EAGLE draft-extend replay: padded rows at pool row 0, the batch's rows "
+                "uploaded, launches counted; after it, owner chains follow the accepted tokens",
+    ),
+    HookSpec(
+        target=f"{_EAGLE_INFO}.EagleDraftInputV2Mixin.prepare_for_v2_draft",
+        hook_type="before",
+        adapter=f"{_ADAPTERS}.eagle:before_prepare_draft_pass",
+        needed=_canary,
+        purpose="each EAGLE draft pass starts with unknown scratch owner chains",
+    ),
+    HookSpec(
+        target=f"{_EAGLE_INFO}.EagleVerifyInputV2Mixin.sample",
         hook_type="around",
         adapter=f"{_ADAPTERS}.eagle:around_verify_sample",
-        needed=_oracle,
-        purpose="EAGLE v2 verification picks the oracle's tokens (it bypasses the sampler)",
+        needed=_oracle_or_canary,
+        purpose="EAGLE v2 verification picks the oracle's tokens (it bypasses the sampler); "
+                "the target's owner chains follow the accepted tokens",
     ),
 )
 

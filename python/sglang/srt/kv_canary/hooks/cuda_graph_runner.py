@@ -35,6 +35,12 @@ def after_replay_prepare(
     )
 
 
+def after_replay(result: Any, graph_runner: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``CudaGraphRunner.replay(forward_batch, skip_attn_backend_init=False, ...)`` (the
+    replayed batch size is set by then, by ``replay_prepare`` inside or before it)."""
+    runner_of(graph_runner.model_runner).on_graph_replay(graph_runner=graph_runner)
+
+
 def before_populate_buffers(buffers: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``DecodeInputBuffers.populate_from_forward_batch(*, raw_bs, bs, ...)``."""
     point_padded_rows_at_row_zero(buffers=buffers, raw_bs=kwargs["raw_bs"], bs=kwargs["bs"])

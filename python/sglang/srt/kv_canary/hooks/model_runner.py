@@ -30,8 +30,11 @@ def around_forward(
 
 
 def add_record_bytes_to_cell_size(cell_size: int, *args: Any, **kwargs: Any) -> int:
-    """AFTER ``DefaultPoolConfigurator._compute_cell_size``: one record per KV token."""
-    return cell_size + per_token_bytes()
+    """AFTER ``DefaultPoolConfigurator._compute_cell_size(mr, num_layers)``: one record per KV
+    token, two with EAGLE (the draft pool, sized like the target's, has its own records)."""
+    model_runner = args[1] if len(args) > 1 else kwargs["mr"]
+    copies = 1 if model_runner.server_args.speculative_algorithm is None else 2
+    return cell_size + copies * per_token_bytes()
 
 
 def reserve_fixed_bytes(available_bytes: int, model_runner: Any, *args: Any, **kwargs: Any) -> int:

@@ -35,10 +35,14 @@ class CanaryMonitor:
         state: CanaryDeviceState,
         config: CanaryConfig,
         new_event: Callable[[], CompletionEvent],
+        line_suffix: str = "",
     ) -> None:
+        """``line_suffix`` ends every violation, health and stats line (`` pool=draft`` for an
+        EAGLE draft model's canary)."""
+        self._suffix = line_suffix
         self._pipe = CounterSnapshotPipe(counters=state.counters, new_event=new_event)
         self._reporter = ViolationReporter(
-            ring=state.ring, counters=state.counters, mode=config.mode
+            ring=state.ring, counters=state.counters, mode=config.mode, line_suffix=line_suffix
         )
         self._health = HealthChecker(every_n_steps=config.health_check_every_n_steps)
         self._stats_every = config.stats_print_every_n_steps
@@ -71,9 +75,9 @@ class CanaryMonitor:
         self._last_periodic_step = steps
         health_line = self._health.check(steps=steps, latest=self._latest)
         if health_line is not None:
-            logger.info(health_line)
+            logger.info(health_line + self._suffix)
         if stats_due(steps=steps, every_n_steps=self._stats_every):
-            logger.info(stats_line(self._latest))
+            logger.info(stats_line(self._latest) + self._suffix)
 
     def discard_pending(self) -> None:
         """Forget the counter copies in flight and the violations handled so far (the device

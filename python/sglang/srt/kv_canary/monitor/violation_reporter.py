@@ -50,9 +50,15 @@ class ViolationReporter:
         mode: log or raise.
     """
 
-    def __init__(self, *, ring: torch.Tensor, counters: torch.Tensor, mode: CanaryMode) -> None:
+    def __init__(
+        self, *, ring: torch.Tensor, counters: torch.Tensor, mode: CanaryMode,
+        line_suffix: str = "",
+    ) -> None:
+        """``line_suffix`` ends every violation line (`` pool=draft`` for an EAGLE draft
+        model's canary, whose rows describe the draft pool)."""
         if mode is CanaryMode.NONE:
             raise ValueError("ViolationReporter needs mode log or raise, got none")
+        self._suffix = line_suffix
         self._ring = ring
         self._counters = counters
         self._mode = mode
@@ -92,14 +98,15 @@ class ViolationReporter:
             else None
         )
         if self._mode is CanaryMode.RAISE:
-            lines = [row.to_line() for row in rows] + ([drop_line] if drop_line else [])
+            lines = [row.to_line() + self._suffix for row in rows]
+            lines += [drop_line] if drop_line else []
             for line in lines:
                 logger.error(line)
             self.rows_reported += len(rows)
             raise CanaryViolationError(rows=rows, lines=lines)
         new_rows, repeats = self._split_repeats(rows)
         for row in new_rows:
-            logger.warning(row.to_line())
+            logger.warning(row.to_line() + self._suffix)
         self.rows_reported += len(new_rows)
         self.rows_suppressed += repeats
         self._reports += 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.kv_canary.runner.kernel_inputs import forward_kind, host_prefix_lens
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,29 +20,20 @@ class LiveRow:
 def live_rows(forward_batch: ForwardBatch) -> list[LiveRow]:
     """Every request row with its prefix length, without touching device memory.
 
-    DECODE rows verify ``seq_lens - 1`` positions (``seq_lens_cpu``); EXTEND and MIXED rows
-    their ``extend_prefix_lens_cpu``. Called on the unpadded batch ``ModelRunner.forward``
-    receives.
+    The prefix lengths are :func:`~sglang.srt.kv_canary.runner.kernel_inputs.host_prefix_lens`
+    (DECODE rows ``seq_lens_cpu - 1``, EXTEND and MIXED rows ``extend_prefix_lens_cpu``, EAGLE
+    target-verify rows ``seq_lens_cpu``, ...). Called on the unpadded batch
+    ``ModelRunner.forward`` receives.
 
     Raises:
         ValueError: the CPU-side lengths are missing, or the mode has no request rows.
     """
-    mode = forward_batch.forward_mode
-    if mode == ForwardMode.DECODE:
-        if forward_batch.seq_lens_cpu is None:
-            raise ValueError(
-                "KV canary perturbation needs ForwardBatch.seq_lens_cpu in DECODE mode"
-            )
-        prefix_lens = [int(n) - 1 for n in forward_batch.seq_lens_cpu.tolist()]
-    elif mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
-        if forward_batch.extend_prefix_lens_cpu is None:
-            raise ValueError(
-                "KV canary perturbation needs ForwardBatch.extend_prefix_lens_cpu in "
-                f"{mode.name} mode"
-            )
-        prefix_lens = [int(n) for n in forward_batch.extend_prefix_lens_cpu]
-    else:
-        raise ValueError(f"KV canary perturbation: forward mode {mode.name} has no request rows")
+    if forward_kind(forward_batch) is None:
+        raise ValueError(
+            f"KV canary perturbation: forward mode {forward_batch.forward_mode.name} has no "
+            "request rows"
+        )
+    prefix_lens = host_prefix_lens(forward_batch)
     rids = forward_batch.rids or []
     return [
         LiveRow(row=index, prefix_len=length, rid=rids[index] if index < len(rids) else "?")

@@ -16,7 +16,8 @@ KV budget profiling             :meth:`~CanaryRunner.reserve_fixed_bytes`
 KV pool created                 :meth:`~CanaryRunner.on_memory_pool`
 graph capture                   :meth:`~CanaryRunner.on_capture_start`,
                                 :meth:`~CanaryRunner.capture_decode_graph`,
-                                :meth:`~CanaryRunner.capture_draft_graph`
+                                :meth:`~CanaryRunner.capture_draft_graph`,
+                                :meth:`~CanaryRunner.capture_draft_extend_graph`
 ModelRunner.initialize (end)    :meth:`~CanaryRunner.on_serving_start`
 ForwardBatch.init_new           :meth:`~CanaryRunner.on_init_new` (the per-batch carrier)
 ForwardBatch padding            :meth:`~CanaryRunner.on_pad_inputs`
@@ -25,12 +26,23 @@ model.forward                   :meth:`~CanaryRunner.launch_before_model`,
                                 :meth:`~CanaryRunner.launch_after_model` (captured in graphs;
                                 eager: deferred admissions sent first)
 graph replay                    :meth:`~CanaryRunner.on_decode_replay`,
-                                :meth:`~CanaryRunner.on_draft_replay`
+                                :meth:`~CanaryRunner.on_graph_replay`,
+                                :meth:`~CanaryRunner.replay_draft`,
+                                :meth:`~CanaryRunner.replay_draft_extend`
 scheduler prefix cache built    :meth:`~CanaryRunner.attach_radix_cache` (radix sweep)
 scheduler idle                  :meth:`~CanaryRunner.on_idle`
 sampling / EAGLE verification   :meth:`~CanaryRunner.make_sampler`,
-                                :meth:`~CanaryRunner.sample_eagle_verify`
+                                :meth:`~CanaryRunner.sample_eagle_verify` (then the owner
+                                chains follow the accepted tokens)
+EAGLE draft pass starts         :meth:`~CanaryRunner.on_draft_pass_start`
 ==============================  ==========================================================
+
+EAGLE (spec v2, topk 1): the target model's canary checks its prefills and TARGET_VERIFY
+forwards; the draft model's runner has its own canary on the draft pool (draft prefill, the
+draft decode steps, DRAFT_EXTEND_V2), whose token history is the request's tokens from index 1
+(draft slot ``p`` holds the K/V of the token at ``p + 1``). A verification writes a block of
+tokens per row and keeps the first ``accept_lens``; both canaries then set each row's owner
+chain after its last kept token (:mod:`sglang.jit_kernel.kv_canary.accepted_owner`).
 
 Launch accounting (the health check's evidence): the host counts the canary launch pairs it
 enqueues, one per eager ``model.forward`` and, per graph replay, as many as were captured into
@@ -40,6 +52,7 @@ counters must equal the host's count at every counter snapshot.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -63,7 +76,14 @@ from sglang.srt.kv_canary.runner.batch_inputs import (
 )
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state, fingerprinted_layers
 from sglang.srt.kv_canary.runner.graph_buffers import GraphRequestIdBuffers
-from sglang.srt.kv_canary.runner.kernel_inputs import build_batch_view, canary_layout
+from sglang.srt.kv_canary.runner.kernel_inputs import (
+    ForwardKind,
+    UniformBlocks,
+    build_batch_view,
+    forward_kind,
+    host_prefix_lens,
+    speculative_block,
+)
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.memory_budget import (
     UPLOAD_STAGING_WORDS,
@@ -75,6 +95,7 @@ from sglang.srt.kv_canary.runner.memory_budget import (
     per_token_bytes,
     request_rows_bound,
     seq_lens_mirror_rows,
+    uniform_block_rows,
 )
 from sglang.srt.kv_canary.runner.model_forward import install_model_forward
 from sglang.srt.kv_canary.runner.refusals import (
@@ -109,6 +130,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 logger = logging.getLogger(__name__)
 
 RUNNER_ATTRIBUTE = "kv_canary"  # attribute of a ModelRunner
+DRAFT_LINE_SUFFIX = " pool=draft"  # ends the EAGLE draft canary's violation / health / stats lines
 _ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
 _EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
@@ -159,6 +181,15 @@ class CanaryRunner:
         self._launches = 0  # canary launch pairs enqueued (eager + replayed) since serving started
         self._steps = 0
         self._serving = False
+        # EAGLE (spec v2): the draft model runner's canary checks the draft pool
+        self._is_draft = bool(getattr(model_runner, "is_draft_worker", False))
+        self._blocks: UniformBlocks | None = None
+        # the owner chains the draft decode steps advance (scratch, zeroed before every draft
+        # pass: the steps' tokens are guesses the next draft extend replaces)
+        self._draft_decode_state: CanaryDeviceState | None = None
+        self._last_upload: RowUpdates | None = None
+        self._in_draft_capture = False
+        self._draft_graph_launches: dict[int, int] = {}
 
     # ================================================================= start-up
 
@@ -217,18 +248,28 @@ class CanaryRunner:
             ) if write_input else 0,
             graph_max_bs=graph_max_bs_bound(server_args),
             graph_request_ids=self.config.enable_token_oracle,
+            speculative=server_args.speculative_algorithm is not None,
         )
 
     def reserve_fixed_bytes(self, available_bytes: int) -> int:
         """The profiled KV budget minus the canary's fixed buffers (logged: the KV pool is sized
         from what this returns, with :data:`RECORD_BYTES` added to each token's cell)."""
         fixed = self.fixed_buffers(page_size=self._model_runner.page_size)
+        reserved = fixed.total
+        records = per_token_bytes()
+        draft = ""
+        if self._model_runner.server_args.speculative_algorithm is not None:
+            # the EAGLE draft runner's canary: the same buffers but the write expectations, and a
+            # record per slot of the draft pool (its pool is sized from this runner's budget)
+            reserved += fixed.total - fixed.write_expectations
+            records *= 2
+            draft = " (target and EAGLE draft canaries)"
         logger.info(
             f"KV canary memory budget: {available_bytes} B profiled for the KV pool, "
-            f"{fixed.total} B reserved for the canary's fixed buffers, {per_token_bytes()} B "
-            f"per token added to the KV cell size for the records"
+            f"{reserved} B reserved for the canary's fixed buffers, {records} B "
+            f"per token added to the KV cell size for the records{draft}"
         )
-        return available_bytes - fixed.total
+        return available_bytes - reserved
 
     def device_bytes(self) -> dict[str, int]:
         """Bytes of every device tensor this canary allocated, by buffer (the records, the
@@ -241,7 +282,10 @@ class CanaryRunner:
             "records": size(state.records),
             "ring": size(state.ring),
             "counters": size(state.counters),
-            "owner_chains": size(state.owner_chains),
+            "owner_chains": size(state.owner_chains) + (
+                0 if self._draft_decode_state is None
+                else size(self._draft_decode_state.owner_chains)
+            ),
             "seq_lens_mirror": size(self._host_seq_lens),
             "upload_staging": size(self._staging),
             "token_history": 0 if self.token_history is None
@@ -251,6 +295,7 @@ class CanaryRunner:
             "graph_request_ids": sum(
                 size(b.rids_int, b.bootstrap_room_ids_int) for b in self._graph_ids.values()
             ),
+            "uniform_blocks": 0 if self._blocks is None else self._blocks.device_bytes,
         }
         return owned
 
@@ -282,8 +327,22 @@ class CanaryRunner:
             )
         self.request_rows = RequestRows(
             num_rows=rows, token_history=self.token_history is not None, owner_chains=True,
-            pin_memory=self._device.type == "cuda",
+            pin_memory=self._device.type == "cuda", history_offset=1 if self._is_draft else 0,
         )
+        server_args = model_runner.server_args
+        if server_args.speculative_algorithm is not None:
+            self._blocks = UniformBlocks(
+                rows=uniform_block_rows(
+                    request_rows=rows, graph_max_bs=graph_max_bs_bound(server_args)
+                ),
+                blocks=(1, server_args.speculative_num_draft_tokens),
+                device=self._device,
+            )
+        if self._is_draft:
+            with torch.inference_mode(False):
+                self._draft_decode_state = dataclasses.replace(
+                    self.state, owner_chains=torch.zeros_like(self.state.owner_chains)
+                )
         with torch.inference_mode(False):
             self._staging = torch.empty(
                 (UPLOAD_STAGING_WORDS,), dtype=torch.int64, device=self._device
@@ -292,7 +351,9 @@ class CanaryRunner:
                 (seq_lens_mirror_rows(model_runner.server_args, request_rows=rows),),
                 dtype=torch.int64, device=self._device,
             )
-        if config.enable_write_input_assert:
+        if config.enable_write_input_assert and not self._is_draft:
+            # (an EAGLE draft model's inputs are the next position's tokens or guesses: the
+            # assert checks the target's forwards, whose inputs are the committed tokens)
             if self.oracle is None:
                 raise RuntimeError(
                     "KV canary: SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT=1 compares inputs with "
@@ -308,9 +369,12 @@ class CanaryRunner:
             )
         install_model_forward(model=model_runner.model, runner=self)
         self.monitor = CanaryMonitor(
-            state=self.state, config=config, new_event=event_factory_for(self._device)
+            state=self.state, config=config, new_event=event_factory_for(self._device),
+            line_suffix=DRAFT_LINE_SUFFIX if self._is_draft else "",
         )
-        self._injector = build_fault_injector(
+        # faults are injected into the target model's forwards (the draft canary checks its
+        # own pool and reports with DRAFT_LINE_SUFFIX)
+        self._injector = None if self._is_draft else build_fault_injector(
             config=config.perturb,
             state=self.state,
             kv_pool=kv_pool,
@@ -354,10 +418,13 @@ class CanaryRunner:
         return result
 
     def capture_draft_graph(self, *, graph_runner: Any, capture: Callable[[], _T]) -> _T:
-        """Capture one EAGLE draft graph; its captured function calls
-        ``eagle_worker.draft_forward`` (not the forward it is given), so that method is shadowed
-        on the worker instance for the duration of the capture."""
-        buffers = self._graph_ids_for(graph_runner)
+        """Capture one EAGLE draft graph (the draft decode steps). Oracle on: its captured
+        function calls ``eagle_worker.draft_forward`` (not the forward it is given), so that
+        method is shadowed on the worker instance for the duration of the capture to attach the
+        graph-resident request ids. Canary on: the canary launches captured into it are counted
+        (every replay enqueues them), and the ``ModelRunner.forward`` calls of the warm-up and
+        capture runs pass the canary's host work by (they run start-up rows only)."""
+        buffers = self._graph_ids_for(graph_runner) if self.oracle is not None else None
         worker = graph_runner.eagle_worker
         draft_forward = worker.draft_forward
         missing = object()
@@ -367,14 +434,42 @@ class CanaryRunner:
             self._attach_capture_ids(forward_batch=forward_batch, buffers=buffers)
             return draft_forward(forward_batch)
 
-        worker.draft_forward = draft_forward_with_request_ids
+        if buffers is not None:
+            worker.draft_forward = draft_forward_with_request_ids
+        self._launches_in_capture = 0
+        self._in_draft_capture = True
         try:
-            return capture()
+            result = capture()
+            self._count_captured(graph_runner=graph_runner, launches=self._launches_in_capture)
+            return result
         finally:
-            if shadowed is missing:
-                del worker.draft_forward
-            else:
-                worker.draft_forward = shadowed
+            self._launches_in_capture = None
+            self._in_draft_capture = False
+            if buffers is not None:
+                if shadowed is missing:
+                    del worker.draft_forward
+                else:
+                    worker.draft_forward = shadowed
+
+    def capture_draft_extend_graph(self, *, graph_runner: Any, capture: Callable[[], _T]) -> _T:
+        """Capture one EAGLE draft-extend graph; the canary launches captured into it are
+        counted (its warm-up runs call ``model.forward`` directly and count as eager)."""
+        self._launches_in_capture = 0
+        try:
+            result = capture()
+            self._count_captured(graph_runner=graph_runner, launches=self._launches_in_capture)
+            return result
+        finally:
+            self._launches_in_capture = None
+
+    def _count_captured(self, *, graph_runner: Any, launches: int) -> None:
+        """Every capture size of an EAGLE graph runner captures the same launches."""
+        known = self._draft_graph_launches.setdefault(id(graph_runner), launches)
+        if known != launches:
+            raise CanaryHealthError(
+                f"KV canary: {type(graph_runner).__name__} captured {launches} canary launches "
+                f"for one batch size but {known} for another"
+            )
 
     def on_serving_start(self) -> None:
         """Start-up is over (warm-up runs, graph capture): zero the device counters, so step
@@ -424,6 +519,7 @@ class CanaryRunner:
                 "(ModelWorkerBatch.reqs); the canary needs one request per row"
             )
         mode = forward_batch.forward_mode
+        kind = forward_kind(forward_batch) if self.request_rows is not None else None
         rids_int = rooms = sampled_rows = prompt_lens = prompt_tokens = None
         if self.config.enable_token_oracle:
             rids_int, rooms = self._batch_ids.tensors_for(
@@ -435,14 +531,14 @@ class CanaryRunner:
                     rids=forward_batch.rids, next_positions=worker_batch.seq_lens_cpu
                 )
         row_updates: RowUpdates | None = None
-        if self.request_rows is not None and rows > 0 and mode in (*_EXTEND_MODES, ForwardMode.DECODE):
+        if kind is not None and rows > 0:
             row_updates = self.request_rows.prepare(
                 reqs=reqs,
-                prefix_lens=_prefix_lens_of(forward_batch),
+                prefix_lens=host_prefix_lens(forward_batch),
                 seq_lens=forward_batch.seq_lens_cpu.tolist(),
                 # EXTEND / MIXED forwards run eagerly: their post launch comes after the model
                 # is enqueued, so new owners' tokens are read while the device runs the model
-                defer_new_owners=mode in _EXTEND_MODES,
+                defer_new_owners=kind is ForwardKind.EXTEND,
             )
         if self.write_expectations is not None and mode in _EXTEND_MODES:
             prompt_lens, prompt_tokens = self._prompt_expectations(
@@ -500,10 +596,12 @@ class CanaryRunner:
                 device check failed (any mode).
             RuntimeError: a live batch carries no carrier although the canary needs one.
         """
+        if self._in_draft_capture:  # EAGLE draft graph warm-up / capture: start-up rows only
+            return forward()
         monitor = self.monitor
         monitor.poll()
-        layout = canary_layout(forward_batch.forward_mode)
-        live = layout is not None and forward_batch.batch_size > 0
+        kind = forward_kind(forward_batch)
+        live = kind is not None and forward_batch.batch_size > 0
         if live:
             self._upload(forward_batch)
         faults = (
@@ -517,6 +615,10 @@ class CanaryRunner:
         finally:
             for fault in reversed(faults):
                 fault.undo()
+        if live and kind is ForwardKind.DRAFT_EXTEND:  # an eager EAGLE draft extend
+            self._draft_extend_done(
+                forward_batch, accept_lens=forward_batch.spec_info.num_accept_tokens
+            )
         ran = self._launches - launches_before
         if ran > 1 or (live and ran != 1):
             raise CanaryHealthError(
@@ -536,16 +638,105 @@ class CanaryRunner:
         return result
 
     def on_decode_replay(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
-        """A decode graph is about to replay: refresh its request ids (oracle on) and count the
-        canary launches captured into it."""
+        """A decode / target-verify graph's replay is prepared: refresh its request ids
+        (oracle on)."""
         if self.oracle is not None:
             self._fill_graph_ids(graph_runner=graph_runner, forward_batch=forward_batch)
+
+    def on_graph_replay(self, *, graph_runner: Any) -> None:
+        """A decode / target-verify graph was replayed: count the canary launches captured into
+        it (not at ``replay_prepare``: EAGLE prepares the verify graph before
+        ``ModelRunner.forward``)."""
         if self._serving:
             self._launches += self._captured_launches.get((id(graph_runner), graph_runner.bs), 0)
 
-    def on_draft_replay(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
-        """An EAGLE draft graph is about to replay: refresh its request ids."""
-        self._fill_graph_ids(graph_runner=graph_runner, forward_batch=forward_batch)
+    def replay_draft(
+        self, *, graph_runner: Any, forward_batch: ForwardBatch, replay: Callable[[], _T]
+    ) -> _T:
+        """Replay an EAGLE draft graph (the draft decode steps): refresh its request ids first
+        (oracle on); canary on: upload the batch's row updates, replay, count the launches
+        captured into it (no ``ModelRunner.forward`` runs for a replayed draft pass)."""
+        if self.oracle is not None:
+            self._fill_graph_ids(graph_runner=graph_runner, forward_batch=forward_batch)
+        if self.state is None:
+            return replay()
+        return self._replay_speculative(
+            graph_runner=graph_runner, forward_batch=forward_batch, replay=replay
+        )
+
+    def replay_draft_extend(
+        self, *, graph_runner: Any, forward_batch: ForwardBatch, replay: Callable[[], _T]
+    ) -> _T:
+        """Replay an EAGLE draft-extend graph: point its padded rows at pool row 0 first (unless
+        the padded-row bug is re-injected: SGLang 0.5.12 leaves stale rows there), upload the
+        batch's row updates and count the launches captured into it; after the replay, the
+        owner chains follow the accepted tokens."""
+        if not self.config.reinject_padded_row_bug:
+            graph_runner.buffers.req_pool_indices[forward_batch.batch_size :].zero_()
+        # (read before the replay: a padded replay points spec_info at its padded buffers)
+        accept_lens = forward_batch.spec_info.num_accept_tokens
+
+        def replay_and_resync() -> _T:
+            result = replay()
+            self._draft_extend_done(forward_batch, accept_lens=accept_lens)
+            return result
+
+        return self._replay_speculative(
+            graph_runner=graph_runner, forward_batch=forward_batch, replay=replay_and_resync
+        )
+
+    def _draft_extend_done(self, forward_batch: ForwardBatch, *, accept_lens: torch.Tensor) -> None:
+        """A DRAFT_EXTEND_V2 forward was enqueued: keep the accepted tokens' owner chains."""
+        rows = forward_batch.req_pool_indices.shape[0]
+        if rows == 0:
+            return
+        self.on_tokens_accepted(
+            req_pool_indices=forward_batch.req_pool_indices,
+            out_cache_loc=forward_batch.out_cache_loc,
+            accept_lens=accept_lens[:rows],
+            block=speculative_block(forward_batch),
+        )
+
+    def _replay_speculative(
+        self, *, graph_runner: Any, forward_batch: ForwardBatch, replay: Callable[[], _T]
+    ) -> _T:
+        """The host work of one replayed EAGLE graph, as :meth:`run_forward` does for an eager
+        forward: report, upload, replay, count its launches, enqueue the counter copy (after
+        the replay, so the copy counts its launches)."""
+        self.monitor.poll()
+        if forward_batch.batch_size > 0:
+            self._upload(forward_batch)
+        result = replay()
+        self._launches += self._draft_graph_launches.get(id(graph_runner), 0)
+        self._steps += 1
+        self.monitor.after_forward(
+            steps=self._steps, launches=self._launches, sweep_launches=self._sweep_launches
+        )
+        return result
+
+    def on_draft_pass_start(self) -> None:
+        """An EAGLE draft pass (the draft decode steps) starts: its steps' owner chains start
+        unknown (each step's pre launch adopts the record's chain, the next step checks it)."""
+        if self._draft_decode_state is not None:
+            self._draft_decode_state.owner_chains.zero_()
+
+    def on_tokens_accepted(
+        self,
+        *,
+        req_pool_indices: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        accept_lens: torch.Tensor,
+        block: int,
+    ) -> None:
+        """An EAGLE verification kept ``accept_lens[b]`` of the ``block`` tokens row ``b``
+        wrote at ``out_cache_loc`` (target verify, then the draft extend of the same slots):
+        set each row's owner chain after its kept tokens (device only, no host sync)."""
+        if self.state is None or req_pool_indices.shape[0] == 0:
+            return
+        self._kernels.accepted_owner_resync(
+            state=self.state, req_pool_indices=req_pool_indices, out_cache_loc=out_cache_loc,
+            accept_lens=accept_lens, block=block,
+        )
 
     def attach_radix_cache(self, tree_cache: Any) -> None:
         """The scheduler built its prefix cache: with the sweep on, walk it.
@@ -587,14 +778,14 @@ class CanaryRunner:
         Raises:
             UnsupportedForwardModeError: a mode the canary does not check.
         """
-        layout = canary_layout(forward_batch.forward_mode)
-        if layout is None:
+        kind = forward_kind(forward_batch)
+        if kind is None:
             return None
         view = build_batch_view(
-            forward_batch, layout=layout, checks=self._token_check_fields(forward_batch),
-            host_seq_lens=self._host_seq_lens,
+            forward_batch, kind=kind, checks=self._token_check_fields(forward_batch),
+            host_seq_lens=self._host_seq_lens, blocks=self._blocks,
         )
-        self._kernels.pre_forward(state=self.state, batch=view)
+        self._kernels.pre_forward(state=self._state_for(kind), batch=view)
         if _capturing(self._device):
             if self._launches_in_capture is not None:
                 self._launches_in_capture += 1
@@ -611,7 +802,14 @@ class CanaryRunner:
             updates = None if inputs is None else inputs.row_updates
             if updates is not None and updates.deferred:
                 self._apply_row_updates(self.request_rows.prepare_deferred(updates.deferred))
-        self._kernels.post_forward(state=self.state, batch=view)
+        self._kernels.post_forward(state=self._state_for(forward_kind(forward_batch)), batch=view)
+
+    def _state_for(self, kind: ForwardKind | None) -> CanaryDeviceState:
+        """The device state a forward of ``kind`` checks (EAGLE draft decode steps advance
+        scratch owner chains)."""
+        if kind is ForwardKind.DRAFT_DECODE and self._draft_decode_state is not None:
+            return self._draft_decode_state
+        return self.state
 
     # ================================================================= oracle
 
@@ -625,15 +823,27 @@ class CanaryRunner:
     def sample_eagle_verify(
         self, *, batch: Any, logits_output: Any, verify_input: Any, sample: Callable[[], _T]
     ) -> _T:
-        """EAGLE v2 verification picks the oracle's tokens (see :mod:`..token_oracle.eagle_verify`)."""
-        return sample_verify_with_oracle(
-            manager=self.oracle,
-            batch=batch,
-            logits_output=logits_output,
-            draft_token_num=verify_input.draft_token_num,
-            verify_positions=verify_input.positions,
-            sample=sample,
-        )
+        """EAGLE v2 verification: with the oracle it picks the oracle's tokens (see
+        :mod:`..token_oracle.eagle_verify`); with the canary the target's owner chains then
+        follow the accepted tokens (``sample`` returns ``(predict, accept_lens,
+        accept_index)``)."""
+        if self.oracle is None:
+            result = sample()
+        else:
+            result = sample_verify_with_oracle(
+                manager=self.oracle,
+                batch=batch,
+                logits_output=logits_output,
+                draft_token_num=verify_input.draft_token_num,
+                verify_positions=verify_input.positions,
+                sample=sample,
+            )
+        if self.state is not None and not batch.forward_mode.is_idle():
+            self.on_tokens_accepted(
+                req_pool_indices=batch.req_pool_indices, out_cache_loc=batch.out_cache_loc,
+                accept_lens=result[1], block=verify_input.draft_token_num,
+            )
+        return result
 
     # ================================================================= internals
 
@@ -650,6 +860,9 @@ class CanaryRunner:
                 "ForwardBatch.init_new hook did not run for it (the token history would be "
                 "stale)"
             )
+        if updates is self._last_upload:  # an eager EAGLE draft pass: one batch, several steps
+            return
+        self._last_upload = updates
         self._apply_row_updates(updates)
 
     def _apply_row_updates(self, updates: RowUpdates) -> None:
@@ -789,6 +1002,8 @@ class CanaryRunner:
             write_input = (
                 f"on (oracle; {self.write_expectations.capacity} tokens preallocated)"
                 if self.write_expectations is not None
+                else "off (EAGLE draft model: the target's forwards are asserted)"
+                if self._is_draft and self.config.enable_write_input_assert
                 else "off"
             )
             token_checks = (
@@ -797,21 +1012,18 @@ class CanaryRunner:
                 f"write_input_assert {write_input}, token history {tokens.shape[0]} rows x "
                 f"{tokens.shape[1]}"
             )
+        pool = (
+            " on the EAGLE draft model's pool (slot p holds the token at p + 1; lines end with"
+            f"{DRAFT_LINE_SUFFIX!r})" if self._is_draft else ""
+        )
         return (
-            f"KV canary installed: records {RECORD_BYTES} B/slot x {state.num_slots} slots = "
+            f"KV canary installed{pool}: records {RECORD_BYTES} B/slot x {state.num_slots} slots = "
             f"{state.num_slots * RECORD_BYTES / 2**20:.2f} MiB, violation ring "
             f"{state.ring_capacity} rows, real data {real_data}, {token_checks}, "
             f"kernels {self._kernels.backend.value}, device {state.device}; memory from the KV "
             f"budget: {per_token_bytes()} B/token added to the KV cell size, fixed buffers "
             f"reserved {buffers.describe()}"
         )
-
-
-def _prefix_lens_of(forward_batch: ForwardBatch) -> list[int]:
-    """Tokens already in the KV cache per row before this forward (host values)."""
-    if forward_batch.forward_mode == ForwardMode.DECODE:
-        return [int(n) - 1 for n in forward_batch.seq_lens_cpu.tolist()]
-    return [int(n) for n in forward_batch.extend_prefix_lens_cpu]
 
 
 def _log_oracle(*, oracle: TokenOracleManager, server_args: Any, perturb: PerturbConfig) -> None:
@@ -888,9 +1100,17 @@ def runner_of(model_runner: Any) -> CanaryRunner:
 
 
 def canary_runners_of_scheduler(scheduler: Any) -> Iterator[CanaryRunner]:
-    """The canaries of a scheduler's model runners (target, and EAGLE draft when present)."""
-    for worker in (getattr(scheduler, "tp_worker", None), getattr(scheduler, "draft_worker", None)):
-        model_runner = getattr(worker, "model_runner", None)
+    """The canaries of a scheduler's model runners (target, and EAGLE draft when present: the
+    spec-v2 worker keeps its draft model runner at ``draft_worker.draft_worker.draft_runner``)."""
+    draft = getattr(scheduler, "draft_worker", None)
+    model_runners = (
+        getattr(getattr(scheduler, "tp_worker", None), "model_runner", None),
+        getattr(draft, "model_runner", None),
+        getattr(getattr(draft, "draft_worker", None), "draft_runner", None),
+    )
+    seen: set[int] = set()
+    for model_runner in model_runners:
         runner = getattr(model_runner, RUNNER_ATTRIBUTE, None)
-        if isinstance(runner, CanaryRunner):
+        if isinstance(runner, CanaryRunner) and id(runner) not in seen:
+            seen.add(id(runner))
             yield runner

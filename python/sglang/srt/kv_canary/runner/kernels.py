@@ -39,7 +39,9 @@ class CanaryKernels:
     ``(*, state, entries)``; ``scatter_req_token_ids`` is the token-history scatter (keyword
     contract of ``launch_scatter_req_token_ids_kernel``); ``admission_owner_check`` takes
     ``(*, state, req_pool_indices, prefix_lens, chains)`` (deferred admissions, between the
-    model forward and the post launch). The last three run outside graphs.
+    model forward and the post launch); ``accepted_owner_resync`` takes ``(*, state,
+    req_pool_indices, out_cache_loc, accept_lens, block)`` (after an EAGLE verification). The
+    last four run outside graphs.
     """
 
     backend: KernelBackend
@@ -48,6 +50,7 @@ class CanaryKernels:
     sweep: Callable[..., None]
     scatter_req_token_ids: Callable[..., None]
     admission_owner_check: Callable[..., None]
+    accepted_owner_resync: Callable[..., None]
 
 
 def load_kernels(backend: KernelBackend) -> CanaryKernels:
@@ -56,6 +59,7 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
     sweep = importlib.import_module(backend.module("sweep"))
     scatter = importlib.import_module(backend.module("scatter_req_token_ids"))
     admission = importlib.import_module(backend.module("admission_owner"))
+    accepted = importlib.import_module(backend.module("accepted_owner"))
     return CanaryKernels(
         backend=backend,
         pre_forward=forward.launch_pre_forward,
@@ -63,4 +67,5 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
         sweep=sweep.launch_sweep,
         scatter_req_token_ids=getattr(scatter, _SCATTER_FUNCTIONS[backend]),
         admission_owner_check=admission.launch_admission_owner_check,
+        accepted_owner_resync=accepted.launch_accepted_owner_resync,
     )

@@ -37,12 +37,13 @@ class FixedBuffers:
     padding_records: int  # the pool's page_size padding rows of records
     ring: int
     counters: int
-    owner_chains: int  # int64 per req_to_token row
+    owner_chains: int  # int64 per req_to_token row (two per row with EAGLE)
     seq_lens_mirror: int  # int64 per batch row: the scheduler's seq_lens, uploaded per forward
     upload_staging: int
     token_history: int  # int32 [rows, columns] + int64 [rows]; 0 with both token checks off
     write_expectations: int  # int64 token + position per token; 0 without the write-input assert
     graph_request_ids: int  # int64 rids + rooms per captured batch row; 0 without the oracle
+    uniform_blocks: int  # EAGLE: int64 lengths + starts per row, two block sizes; else 0
 
     @property
     def total(self) -> int:
@@ -71,9 +72,11 @@ def fixed_buffers(
     write_expectation_tokens: int,
     graph_max_bs: int,
     graph_request_ids: bool,
+    speculative: bool = False,
 ) -> FixedBuffers:
     """The fixed buffers for these sizes (``write_expectation_tokens`` 0 without the
-    write-input assert; ``graph_request_ids`` with the oracle's graph-resident ids)."""
+    write-input assert; ``graph_request_ids`` with the oracle's graph-resident ids;
+    ``speculative`` with EAGLE's uniform blocks)."""
     history = (
         request_rows * context_columns * _INT32_BYTES + request_rows * _INT64_BYTES
         if token_history
@@ -83,14 +86,28 @@ def fixed_buffers(
         padding_records=page_size * RECORD_BYTES,
         ring=ring_capacity * RING_ROW_FIELDS * _INT64_BYTES,
         counters=NUM_COUNTERS * _INT64_BYTES,
-        owner_chains=request_rows * _INT64_BYTES,
+        # (EAGLE: the draft canary's draft decode steps keep scratch owner chains too)
+        owner_chains=request_rows * _INT64_BYTES * (2 if speculative else 1),
         seq_lens_mirror=seq_lens_mirror_rows_for(request_rows=request_rows,
                                                  graph_max_bs=graph_max_bs) * _INT64_BYTES,
         upload_staging=UPLOAD_STAGING_WORDS * _INT64_BYTES,
         token_history=history,
         write_expectations=2 * write_expectation_tokens * _INT64_BYTES,
         graph_request_ids=2 * graph_max_bs * _INT64_BYTES if graph_request_ids else 0,
+        uniform_blocks=UNIFORM_BLOCK_SIZE_COUNT * 2 * _INT64_BYTES * uniform_block_rows(
+            request_rows=request_rows, graph_max_bs=graph_max_bs
+        ) if speculative else 0,
     )
+
+
+# EAGLE's uniform-block sizes: 1 (draft decode steps) and speculative_num_draft_tokens (target
+# verify, draft extend).
+UNIFORM_BLOCK_SIZE_COUNT = 2
+
+
+def uniform_block_rows(*, request_rows: int, graph_max_bs: int) -> int:
+    """Rows preallocated per uniform block size (any batch, as the seq_lens mirror)."""
+    return max(request_rows, graph_max_bs)
 
 
 def request_rows_bound(server_args: Any, *, dp_size: int) -> int:
@@ -110,13 +127,15 @@ def context_columns_bound(server_args: Any, *, context_len: int) -> int:
 
 def max_tokens_per_forward(server_args: Any, *, max_running_requests: int | None) -> int:
     """Tokens the preallocated write-input expectations hold: every decode graph (one token per
-    row, at most ``cuda_graph_max_bs`` / ``max_running_requests`` rows) and an ordinary prefill
-    chunk. A larger eager forward (an unchunked long prompt) gets a larger buffer on demand."""
+    row, or ``speculative_num_draft_tokens`` with EAGLE, at most ``cuda_graph_max_bs`` /
+    ``max_running_requests`` rows) and an ordinary prefill chunk. A larger eager forward (an
+    unchunked long prompt) gets a larger buffer on demand."""
+    per_row = server_args.speculative_num_draft_tokens or 1
+    rows = (server_args.cuda_graph_max_bs, max_running_requests)
     candidates = (
         server_args.max_prefill_tokens,
         server_args.chunked_prefill_size,
-        server_args.cuda_graph_max_bs,
-        max_running_requests,
+        *(r * per_row for r in rows if isinstance(r, int)),
     )
     return max((c for c in candidates if isinstance(c, int) and c > 0), default=1)
 

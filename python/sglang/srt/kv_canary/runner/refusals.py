@@ -36,11 +36,7 @@ def unsupported_server_args(server_args: Any) -> list[str]:
             f"--device {server_args.device}: the canary kernels need a CUDA device "
             f"(to exercise the canary without a GPU run {_SELF_CHECK})"
         )
-    if server_args.speculative_algorithm is not None:
-        reasons.append(
-            f"speculative decoding (--speculative-algorithm {server_args.speculative_algorithm}) "
-            "is not supported yet; remove --speculative-algorithm"
-        )
+    reasons += _unsupported_speculative(server_args)
     if not server_args.disable_piecewise_cuda_graph:
         reasons.append(
             "piecewise CUDA graph is enabled (SGLang 0.5.12 enables it by default for prefill) "
@@ -74,6 +70,47 @@ def unsupported_server_args(server_args: Any) -> list[str]:
         reasons.append(
             f"diffusion LLM decoding (--dllm-algorithm {server_args.dllm_algorithm}) is not "
             "supported; remove --dllm-algorithm"
+        )
+    return reasons
+
+
+_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3")
+
+
+def _unsupported_speculative(server_args: Any) -> list[str]:
+    """Speculative decoding is checked for EAGLE / EAGLE3 on SGLang's spec-v2 worker (overlap
+    schedule on) with chains (topk 1), page size 1, one attention group."""
+    algorithm = server_args.speculative_algorithm
+    if algorithm is None:
+        return []
+    name = f"--speculative-algorithm {algorithm}"
+    if algorithm not in _SPEC_ALGORITHMS:
+        return [
+            f"speculative decoding with {name} is not supported (supported: "
+            f"{', '.join(_SPEC_ALGORITHMS)}); remove --speculative-algorithm or use EAGLE"
+        ]
+    reasons = []
+    if server_args.disable_overlap_schedule:
+        reasons.append(
+            f"{name} runs SGLang's spec-v1 EAGLE worker when the overlap schedule is off (or "
+            "SGLANG_ENABLE_SPEC_V2=0, or topk > 1); the canary checks the spec-v2 worker only: "
+            "keep the overlap schedule and SGLANG_ENABLE_SPEC_V2 on"
+        )
+    if (server_args.speculative_eagle_topk or 1) != 1:
+        reasons.append(
+            f"--speculative-eagle-topk {server_args.speculative_eagle_topk}: the canary checks "
+            "EAGLE chains only; use --speculative-eagle-topk 1"
+        )
+    if server_args.enable_multi_layer_eagle:
+        reasons.append("multi-layer EAGLE is not supported; use a single-layer EAGLE draft")
+    if server_args.page_size not in (None, 1):
+        reasons.append(
+            f"--page-size {server_args.page_size} with {name}: the canary checks EAGLE with page "
+            "size 1 only; use --page-size 1"
+        )
+    if server_args.enable_dp_attention:
+        reasons.append(
+            f"--enable-dp-attention with {name} is not supported; remove one of them"
         )
     return reasons
 

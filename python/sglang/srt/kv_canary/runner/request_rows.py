@@ -42,6 +42,7 @@ shortened as above (SGLang 0.5.12 edits a token in place only in
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -199,6 +200,10 @@ class RequestRows:
         pin_memory: pin the packed host buffers (CUDA).
         incremental: send only what the device lacks (False: every history in full every
             forward, and every row's owner chain; the simple reference for tests).
+        history_offset: the request tokens the row's history skips at its start: 0 for a
+            target model, 1 for an EAGLE draft model, whose slot at position ``p`` holds the
+            K/V of the token at ``p + 1`` (its history and owner chains are those of
+            ``(origin_input_ids + output_ids)[1:]``).
     """
 
     def __init__(
@@ -209,9 +214,13 @@ class RequestRows:
         owner_chains: bool,
         pin_memory: bool,
         incremental: bool = True,
+        history_offset: int = 0,
     ) -> None:
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+        if history_offset not in (0, 1):
+            raise ValueError(f"history_offset must be 0 or 1, got {history_offset}")
+        self.history_offset = history_offset
         self.keeps_token_history = token_history
         self.keeps_owner_chains = owner_chains
         self._pin_memory = pin_memory
@@ -258,6 +267,7 @@ class RequestRows:
         unknown = 0
         defer = defer_new_owners and self._incremental
         incremental = self._incremental
+        skip = self.history_offset
         keeps_history = self.keeps_token_history
         keeps_chains = self.keeps_owner_chains
         row_owner = self._row_owner
@@ -293,7 +303,8 @@ class RequestRows:
                     owner_values.append(UNKNOWN_OWNER_CHAIN)
                 continue
             num_origin = len(origin)
-            history_len = num_origin + len(output)
+            # the row's history is the request's tokens from index `skip` on
+            history_len = max(num_origin + len(output) - skip, 0)
             owners.append(owner)
             history_lens.append(history_len)
             whole_history: np.ndarray | None = None
@@ -301,16 +312,17 @@ class RequestRows:
                 start = 0 if new_owner else row_synced_len[row]
                 if start > history_len:  # the history shrank in place: rewrite it
                     start = 0
+                first = start + skip  # index of the first token to send in origin + output
                 if start == 0:
-                    whole_history = _history_array(origin, output, history_len)
+                    whole_history = _history_array(origin, output, history_len, skip=skip)
                     if tails:
                         history_chunks.append(tails)
                         tails = []
                     history_chunks.append(whole_history)
-                elif start >= num_origin:
-                    tails += output[start - num_origin :]
+                elif first >= num_origin:
+                    tails += output[first - num_origin :]
                 else:
-                    tails += origin[start:]
+                    tails += origin[first:]
                     tails += output
                 segment_lens.append(history_len - start)
             if keeps_chains and new_owner:
@@ -321,9 +333,9 @@ class RequestRows:
                 elif whole_history is not None:
                     owner_values.append(chain_after_numpy(whole_history[:prefix_len]))
                 else:
-                    owner_values.append(
-                        chain_after_numpy(_history_array(origin, output, prefix_len))
-                    )
+                    owner_values.append(chain_after_numpy(
+                        _history_array(origin, output, prefix_len, skip=skip)
+                    ))
         if tails:
             history_chunks.append(tails)
         deferred_rows = {admission.row for admission in deferred}
@@ -358,11 +370,11 @@ class RequestRows:
         for admission in deferred:
             origin = admission.request.origin_input_ids
             output = admission.request.output_ids
-            history_len = len(origin) + len(output)
+            history_len = max(len(origin) + len(output) - self.history_offset, 0)
             read = history_len if self.keeps_token_history else min(
                 admission.prefix_len, history_len
             )
-            tokens = _history_array(origin, output, read)
+            tokens = _history_array(origin, output, read, skip=self.history_offset)
             rows.append(admission.row)
             history_lens.append(history_len)
             chunks.append(tokens)
@@ -398,16 +410,25 @@ class RequestRows:
             self._row_synced_len[row] = history_len
 
 
-def _history_array(origin: list[int], output: list[int], length: int) -> np.ndarray:
-    """The first ``length`` tokens of ``origin + output`` as an int64 array (the one O(length)
-    pass over the request's Python lists)."""
-    from_origin = min(length, len(origin))
-    head = np.fromiter(origin, dtype=np.int64, count=from_origin)
-    if length <= from_origin:
-        return head
-    return np.concatenate(
-        (head, np.fromiter(output, dtype=np.int64, count=length - from_origin))
+def _history_array(
+    origin: list[int], output: list[int], length: int, *, skip: int = 0
+) -> np.ndarray:
+    """``(origin + output)[skip : skip + length]`` as an int64 array (the one O(length) pass
+    over the request's Python lists)."""
+    end = skip + length
+    from_origin = max(min(end, len(origin)) - skip, 0)
+    head = np.fromiter(
+        origin if skip == 0 else itertools.islice(origin, skip, None),
+        dtype=np.int64, count=from_origin,
     )
+    if from_origin == length:
+        return head
+    output_start = max(skip - len(origin), 0)
+    rest = np.fromiter(
+        output if output_start == 0 else itertools.islice(output, output_start, None),
+        dtype=np.int64, count=length - from_origin,
+    )
+    return rest if from_origin == 0 else np.concatenate((head, rest))
 
 
 def _pack(
