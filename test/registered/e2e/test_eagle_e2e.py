@@ -16,6 +16,8 @@ pool; the draft's lines end with ``pool=draft``.
 3. ``req_to_token`` perturbation with EAGLE on: every fault is reported by the target canary.
 4. A real SGLang 0.5.12 bug: EAGLE with chunked prefill writes a wrong draft token at each chunk
    boundary; the draft canary reports exactly those positions.
+5. ``REINJECT_PADDED_ROW_BUG=1``: the draft-extend graph runner's stale padded rows (0.5.12
+   leaves them, as in its decode runner) are reported by the draft canary.
 """
 
 import random
@@ -196,6 +198,33 @@ def test_the_draft_token_sglang_writes_at_a_chunk_boundary_is_reported(
     assert {row.position for row in draft_rows} == boundaries, draft_rows[:10]
     assert all(row.reasons == int(Reason.VERIFY_TOKEN) for row in draft_rows)
     assert all(row.expected_token == prompt[row.position + 1] for row in draft_rows)
+
+
+@pytest.mark.gpu
+def test_the_draft_extend_runner_s_stale_padded_rows_are_reported_when_reinjected(
+    canary_server, tiny_eagle_draft_dir,
+) -> None:
+    """SGLang 0.5.12's EAGLE draft-extend graph runner leaves the request rows of an earlier,
+    larger batch in the padded rows of a replay, as its decode runner does. With
+    ``REINJECT_PADDED_ROW_BUG=1`` the canary does not point them at row 0, and the draft canary
+    reports each such row writing its block to the padding slot 0 (``write_unmapped``,
+    ``pool=draft``)."""
+    env = {"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_REINJECT_PADDED_ROW_BUG": "1"}
+    server = canary_server(env=env, args=_eagle_unchunked(tiny_eagle_draft_dir))
+    rng = random.Random(6)
+    # 16 rows fill the bs-16 graphs; then 13 rows replay the bs-14 ones (with EAGLE SGLang
+    # captures 1..8, 10, 12, 14, 16): row 13 keeps an index of the earlier batch.
+    server.generate_many([request(f"full-{i}", tokens(rng, 40), 40) for i in range(16)],
+                         concurrency=16)
+    server.generate_many([request(f"part-{i}", tokens(rng, 40), 40) for i in range(13)],
+                         concurrency=13)
+    log = server.log_text()
+    assert "padded_row_fix=OFF" in log
+    draft_rows = [row for line in log.splitlines() if line.endswith(DRAFT_LINE_SUFFIX)
+                  for row in find_violation_rows(line)]
+    unmapped = [row for row in draft_rows if row.reasons & int(Reason.WRITE_UNMAPPED)]
+    assert unmapped, log[-3000:]
+    assert all(row.slot == 0 and row.req_pool_idx != 0 for row in unmapped)
 
 
 if __name__ == "__main__":

@@ -1013,8 +1013,8 @@ class CanaryRunner:
                 f"{tokens.shape[1]}"
             )
         pool = (
-            " on the EAGLE draft model's pool (slot p holds the token at p + 1; lines end with"
-            f"{DRAFT_LINE_SUFFIX!r})" if self._is_draft else ""
+            " on the EAGLE draft model's pool (slot p holds the token at p + 1; its lines end "
+            f"with '{DRAFT_LINE_SUFFIX.strip()}')" if self._is_draft else ""
         )
         return (
             f"KV canary installed{pool}: records {RECORD_BYTES} B/slot x {state.num_slots} slots = "
