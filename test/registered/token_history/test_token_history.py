@@ -141,6 +141,35 @@ def test_deferred_admissions_reset_the_row_first_and_send_its_tokens_later(
         assert known.token_history.req_all_ids_flat.tolist() == [10]
 
 
+def test_an_eagle_draft_row_holds_the_request_s_tokens_from_index_1() -> None:
+    """The EAGLE draft pool's slot ``p`` holds the token of ``p + 1``: with ``history_offset=1``
+    the row's history and owner chains are those of ``(origin + output)[1:]``, whole, as tails
+    (across the prompt/output boundary) and for deferred admissions."""
+    rows = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False,
+                       history_offset=1)
+    a, b = _req("a", [1, 2, 3], [], row=3), _req("b", [7], [], row=1)
+    first = rows.prepare(reqs=[a, b], prefix_lens=[1, 0], seq_lens=[3, 1])
+    assert first.token_history.req_all_ids_lens.tolist() == [2, 0]
+    assert first.token_history.req_all_ids_flat.tolist() == [2, 3]
+    assert first.owners.values.tolist() == [chain_after_scalar(tokens=[2]),
+                                            chain_after_scalar(tokens=[])]
+    rows.commit(first)
+    a.output_ids += [4, 5]
+    b.output_ids.append(8)
+    tails = rows.prepare(reqs=[a, b], prefix_lens=[3, 1], seq_lens=[4, 2])
+    assert tails.token_history.req_all_ids_lens.tolist() == [4, 1]
+    assert tails.token_history.req_all_ids_flat.tolist() == [4, 5, 8]
+    assert tails.owners.rows.tolist() == []
+    c = _req("c", [9, 10, 11], [12], row=2)
+    early = rows.prepare(reqs=[c], prefix_lens=[2], seq_lens=[3], defer_new_owners=True)
+    late = rows.prepare_deferred(early.deferred)
+    assert late.token_history.req_all_ids_flat.tolist() == [10, 11, 12]
+    assert late.admissions.chains.tolist() == [chain_after_scalar(tokens=[10, 11])]
+    with pytest.raises(ValueError, match="history_offset must be 0 or 1, got 2"):
+        RequestRows(num_rows=2, token_history=True, owner_chains=True, pin_memory=False,
+                    history_offset=2)
+
+
 def test_an_admission_that_writes_nothing_or_outruns_its_tokens_is_not_checked() -> None:
     rows = RequestRows(num_rows=4, token_history=False, owner_chains=True, pin_memory=False)
     idle, short = _req("idle", [1, 2], [], row=1), _req("short", [3], [], row=2)
