@@ -7,8 +7,8 @@ model's (draft extend after prefill, the draft decode steps, DRAFT_EXTEND_V2), e
 pool; the draft's lines end with ``pool=draft``.
 
 1. A clean workload with every check on (token oracle, write-input assert, verify-token, real
-   data), with and without CUDA graphs: zero violations from either canary, health checks
-   passing on both, the draft graphs replayed.
+   data, the radix sweep of the target pool), with and without CUDA graphs: zero violations
+   from either canary, health checks passing on both, the draft graphs replayed.
 2. SGLang's simulated acceptance (``SGLANG_SIMULATE_ACC_LEN``): verifications keep 1 to
    ``num_steps + 1`` tokens, so the owner chains follow multi-token acceptances; zero
    violations (token checks off: the simulation emits token 100 for what the KV holds as the
@@ -18,6 +18,8 @@ pool; the draft's lines end with ``pool=draft``.
    boundary; the draft canary reports exactly those positions.
 5. ``REINJECT_PADDED_ROW_BUG=1``: the draft-extend graph runner's stale padded rows (0.5.12
    leaves them, as in its decode runner) are reported by the draft canary.
+6. The radix sweep walks EAGLE's bigram-keyed tree: a byte flipped in an unused cached slot is
+   reported by ``check=sweep``.
 """
 
 import random
@@ -36,7 +38,7 @@ from _workloads import (
     tokens,
 )
 
-from sglang.jit_kernel.kv_canary.consts import Reason
+from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
 from sglang.srt.kv_canary.monitor.violations import find_violation_rows
 from sglang.srt.kv_canary.runner.canary_runner import DRAFT_LINE_SUFFIX
@@ -62,6 +64,7 @@ _ALL_CHECKS = {
     "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1",
     "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": "25",
     "SGLANG_KV_CANARY_HEALTH_CHECK_EVERY_N_STEPS": "25",
+    "SGLANG_KV_CANARY_SWEEP_INTERVAL": "8",
 }
 _ORACLE_ARGS = ("--sampling-backend", "token_oracle")
 # A redirected prefix entry: its slot's record describes another position, history and token.
@@ -167,6 +170,32 @@ def test_req_to_token_fault_is_caught_with_eagle(canary_server, tiny_eagle_draft
                 if "kv_canary violation:" in line and line.endswith(DRAFT_LINE_SUFFIX)]
     assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_POSITION,
                               allowed=_REDIRECT_REASONS)
+
+
+@pytest.mark.gpu
+def test_the_sweep_reports_a_flipped_byte_in_an_unused_cached_slot_with_eagle(
+    canary_server, tiny_eagle_draft_dir,
+) -> None:
+    """EAGLE keys the radix tree by bigrams; the target canary's sweep walks it and reports a
+    byte flipped in a cached slot no running request uses."""
+    env = {"SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_REAL_DATA": "partial", **PERTURB,
+           "SGLANG_KV_CANARY_SWEEP_INTERVAL": "4",
+           "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB": "0.5"}
+    server = canary_server(env=env, args=_eagle_unchunked(tiny_eagle_draft_dir))
+    rng = random.Random(4)
+    for index in range(40):  # distinct prompts, one at a time: unlocked cached prefixes
+        server.generate(request(f"d-{index}", tokens(rng, rng.randrange(40, 300)), 8))
+    log = server.log_text()
+    faults, rows = faults_and_rows(log)
+    assert faults, log[-3000:]
+    sweep_rows = [r for r in rows if r.check is CheckKind.SWEEP]
+    # A second flip of a slot's row may hit the byte the first flipped and restore it: each
+    # slot row's first fault is the one that must be caught.
+    first_faults = {(f["position"], f["detail"]): f for f in reversed(faults)}  # node, buffer
+    for fault in first_faults.values():  # caught by the pass the fault was injected before
+        assert any(r.step == int(fault["step"]) and r.position == int(fault["position"])
+                   and r.reasons & int(Reason.VERIFY_REAL_KV) for r in sweep_rows), fault.group(0)
+    assert all(r.reasons == int(Reason.VERIFY_REAL_KV) for r in rows)
 
 
 @pytest.mark.gpu

@@ -68,7 +68,7 @@ _SHARED = [7, 8, 9, 10, 11, 12, 13, 14]  # the first 8 prompt tokens of A and B
 class _Setup:
     """A simulated server under the canary, with a real RadixCache attached to the runner."""
 
-    def __init__(self, *, page_size: int, config: CanaryConfig) -> None:
+    def __init__(self, *, page_size: int, config: CanaryConfig, eagle: bool = False) -> None:
         def forward(batch):
             return around_forward(SimulatedModelRunner.forward, self.server.runner, batch)
 
@@ -83,6 +83,7 @@ class _Setup:
         self.tree = RadixCache(CacheInitParams(
             disable=False, req_to_token_pool=self.server.req_to_token_pool,
             token_to_kv_pool_allocator=self.server.allocator, page_size=page_size,
+            is_eagle=eagle,
         ))
         self.runner.attach_radix_cache(self.tree)
         self.rid = 0
@@ -197,6 +198,31 @@ def test_a_clean_tree_sweeps_clean_and_every_launch_is_counted(page_size, canary
     health = [m for m in canary_log.messages if m.startswith(HEALTH_OK_PREFIX)]
     assert health and all(", sweep " in line for line in health)
     assert int(health[-1].rsplit(", sweep ", 1)[1]) > 0
+
+
+def test_an_eagle_tree_of_bigram_keys_sweeps_clean_and_finds_a_wrong_token(canary_log) -> None:
+    """With EAGLE SGLang keys the tree by bigrams: a node of ``n`` slots holds ``n + 1`` raw
+    tokens (the last is the next node's first). Slot ``i`` still holds token ``i``."""
+    setup = _Setup(page_size=1, config=_config(sweep_interval=2), eagle=True)
+    setup.populate()
+    nodes = _nodes(setup.tree)
+    assert all(len(n.key.token_ids) == len(n.value) + 1 for n in nodes if len(n.value))
+    cached = sum(len(n.value) for n in nodes)
+    swept = setup.counter(COUNTER_ENTRIES + CheckKind.SWEEP)
+    setup.run([60 + i for i in range(9)], new_tokens=3, cache=False)
+    setup.runner.on_idle()
+    assert setup.counter(COUNTER_ENTRIES + CheckKind.SWEEP) - swept >= cached
+    assert find_violation_rows(canary_log.text) == []
+    # A and B share 8 tokens but only 7 bigrams: A's own node starts at position 7
+    a_suffix = next(n for n in nodes if n.key.token_ids[:2] == [_SHARED[-1], 21])
+    slot = int(a_suffix.value[3])  # position 10, token 23
+    _corrupt(setup, how="record_token", slot=slot)
+    for _ in range(2):
+        setup.run([70 + i for i in range(9)], new_tokens=3, cache=False)
+    setup.runner.on_idle()
+    rows = find_violation_rows(canary_log.text)
+    assert {(row.slot, row.position, row.expected_token, row.reasons) for row in rows
+            if row.reasons & int(Reason.VERIFY_TOKEN)} == {(slot, 10, 23, int(Reason.VERIFY_TOKEN))}
 
 
 def _corrupt(setup: _Setup, *, how: str, slot: int) -> None:

@@ -15,8 +15,10 @@ The walk keeps a stack of tree nodes between steps. The scheduler changes the tr
 forwards, so each step sees a consistent tree: a node evicted since it was stacked (no longer
 its parent's child) is skipped, its slots may belong to someone else now; a node split since
 then is still a valid path (its depth is recomputed from its parent chain when it is visited,
-and the new parent node is covered by a later pass). Only SGLang's plain ``RadixCache`` is walked; any other cache
-type is refused at start-up by :func:`unsupported_sweep_cache`.
+and the new parent node is covered by a later pass). Only SGLang's plain ``RadixCache`` is walked
+(with EAGLE, whose keys are bigrams, the sweep belongs to the target model's canary: the tree's
+slots are the target pool's); any other cache type is refused at start-up by
+:func:`unsupported_sweep_cache`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def unsupported_sweep_cache(tree_cache: object) -> str | None:
     """Why the sweep cannot walk ``tree_cache`` (None when it can: SGLang's plain RadixCache)."""
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    if type(tree_cache) is RadixCache and not getattr(tree_cache, "is_eagle", False):
+    if type(tree_cache) is RadixCache:  # EAGLE's too (bigram keys: slot i holds token i)
         return None
     name = type(tree_cache).__name__
     hint = (
@@ -157,7 +159,8 @@ class RadixSweep:
                 slots=node.value.to(device=self._device, dtype=torch.int64),
                 previous=previous,
                 first_position=depth,
-                tokens=list(node.key.token_ids),
+                # (an EAGLE tree keys bigrams: its raw tokens end with the next node's first)
+                tokens=list(node.key.token_ids[:count]),
             ))
         return nodes, pieces
 
