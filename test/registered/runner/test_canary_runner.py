@@ -226,6 +226,32 @@ def test_eagle_forwards_are_uniform_block_views_of_the_batch() -> None:
                          host_seq_lens=None, blocks=blocks)
 
 
+def test_eagle_graph_captures_count_their_launches_and_must_agree_across_sizes() -> None:
+    """Every replay of an EAGLE draft / draft-extend graph enqueues the canary launches captured
+    into it: the captures count them per graph runner, and sizes that captured a different
+    count stop start-up (the health check could not balance them)."""
+    runner = CanaryRunner(config=_LOG, kernels=load_kernels(KernelBackend.TORCH_REFERENCE),
+                          model_runner=SimpleNamespace(device="cpu", is_draft_worker=True))
+
+    def capture(launches: int):
+        def run() -> str:
+            runner._launches_in_capture += launches
+            return "graph"
+        return run
+
+    extend_runner = SimpleNamespace()
+    assert runner.capture_draft_extend_graph(graph_runner=extend_runner, capture=capture(1)) \
+        == "graph"
+    assert runner._launches_in_capture is None
+    with pytest.raises(CanaryHealthError, match="captured 2 canary launches for one batch size "
+                                                "but 1 for another"):
+        runner.capture_draft_extend_graph(graph_runner=extend_runner, capture=capture(2))
+    draft_runner = SimpleNamespace(eagle_worker=SimpleNamespace(draft_forward=lambda b: b))
+    assert runner.capture_draft_graph(graph_runner=draft_runner, capture=capture(2)) == "graph"
+    assert runner._draft_graph_launches == {id(extend_runner): 1, id(draft_runner): 2}
+    assert not runner._in_draft_capture
+
+
 def test_uniform_blocks_grow_for_larger_eager_batches() -> None:
     blocks = UniformBlocks(rows=2, blocks=(4,), device=torch.device("cpu"))
     lengths, starts = blocks.views(rows=5, block=4)

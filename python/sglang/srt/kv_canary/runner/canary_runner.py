@@ -76,6 +76,7 @@ from sglang.srt.kv_canary.runner.batch_inputs import (
 )
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state, fingerprinted_layers
 from sglang.srt.kv_canary.runner.graph_buffers import GraphRequestIdBuffers
+from sglang.srt.kv_canary.runner.graph_padding import point_padded_rows_at_row_zero
 from sglang.srt.kv_canary.runner.kernel_inputs import (
     ForwardKind,
     UniformBlocks,
@@ -436,14 +437,10 @@ class CanaryRunner:
 
         if buffers is not None:
             worker.draft_forward = draft_forward_with_request_ids
-        self._launches_in_capture = 0
         self._in_draft_capture = True
         try:
-            result = capture()
-            self._count_captured(graph_runner=graph_runner, launches=self._launches_in_capture)
-            return result
+            return self._capture_counting_launches(graph_runner=graph_runner, capture=capture)
         finally:
-            self._launches_in_capture = None
             self._in_draft_capture = False
             if buffers is not None:
                 if shadowed is missing:
@@ -454,22 +451,24 @@ class CanaryRunner:
     def capture_draft_extend_graph(self, *, graph_runner: Any, capture: Callable[[], _T]) -> _T:
         """Capture one EAGLE draft-extend graph; the canary launches captured into it are
         counted (its warm-up runs call ``model.forward`` directly and count as eager)."""
+        return self._capture_counting_launches(graph_runner=graph_runner, capture=capture)
+
+    def _capture_counting_launches(self, *, graph_runner: Any, capture: Callable[[], _T]) -> _T:
+        """Run one capture of an EAGLE graph runner, counting the canary launches captured into
+        it (every replay enqueues them); every capture size must capture the same launches."""
         self._launches_in_capture = 0
         try:
             result = capture()
-            self._count_captured(graph_runner=graph_runner, launches=self._launches_in_capture)
-            return result
+            launches = self._launches_in_capture
         finally:
             self._launches_in_capture = None
-
-    def _count_captured(self, *, graph_runner: Any, launches: int) -> None:
-        """Every capture size of an EAGLE graph runner captures the same launches."""
         known = self._draft_graph_launches.setdefault(id(graph_runner), launches)
         if known != launches:
             raise CanaryHealthError(
                 f"KV canary: {type(graph_runner).__name__} captured {launches} canary launches "
                 f"for one batch size but {known} for another"
             )
+        return result
 
     def on_serving_start(self) -> None:
         """Start-up is over (warm-up runs, graph capture): zero the device counters, so step
@@ -672,7 +671,11 @@ class CanaryRunner:
         batch's row updates and count the launches captured into it; after the replay, the
         owner chains follow the accepted tokens."""
         if not self.config.reinject_padded_row_bug:
-            graph_runner.buffers.req_pool_indices[forward_batch.batch_size :].zero_()
+            buffers = graph_runner.buffers
+            point_padded_rows_at_row_zero(
+                buffers=buffers, raw_bs=forward_batch.batch_size,
+                bs=buffers.req_pool_indices.shape[0],
+            )
         # (read before the replay: a padded replay points spec_info at its padded buffers)
         accept_lens = forward_batch.spec_info.num_accept_tokens
 

@@ -4,7 +4,8 @@ SGLang 0.5.12's ``DecodeInputBuffers.populate_from_forward_batch`` copies
 ``req_pool_indices[:raw_bs]`` and leaves rows ``[raw_bs, bs)`` of a padded replay with the
 indices of an earlier replay: stale requests, whose ``req_to_token`` rows attention (and the
 canary) would then read. Row 0 of ``req_to_token`` is all zeros and marks padding; the canary
-skips rows that point at it.
+skips rows that point at it. The EAGLE draft-extend graph runner (``replay``) leaves the same
+stale rows; the canary applies this fix there too, before each replay.
 """
 
 from __future__ import annotations
