@@ -5,6 +5,9 @@ then wraps the functions of :data:`TIMED` with ``time.perf_counter`` (no tracer:
 real host costs, unlike a profiler's), and the process that runs forwards logs one line every
 ``N`` forwards: ``KV canary host timers over N forwards: name mean_us x calls_per_forward, ...``.
 Used by ``bench_server_overhead.py --host-timers``; never imported by the package itself.
+
+``KV_CANARY_HOST_TIMERS_EXTRA="module:Attr.path,module:function,..."`` times more functions
+(wrapped first, so a module that later imports one of them by name gets the timed one).
 """
 
 from __future__ import annotations
@@ -60,6 +63,29 @@ TIMED = (
     ("sglang.srt.layers.sampler", "Sampler.forward"),
 )
 
+
+
+def extra_timed(value: str) -> tuple[tuple[str, str], ...]:
+    """The value of ``KV_CANARY_HOST_TIMERS_EXTRA``: ``module:attribute.path`` items, comma
+    separated (empty: none).
+
+    Raises:
+        ValueError: an item without ``:``, naming the variable and the item.
+    """
+    items = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        module, colon, path = item.partition(":")
+        if not (colon and module and path):
+            raise ValueError(
+                f"KV_CANARY_HOST_TIMERS_EXTRA item {item!r} is invalid; allowed: "
+                "module:attribute.path (e.g. sglang.srt.kv_canary.runner.request_rows:_pack)"
+            )
+        items.append((module, path))
+    return tuple(items)
+
+
+_EXTRA = extra_timed(os.environ.get("KV_CANARY_HOST_TIMERS_EXTRA", ""))
+
 _totals: dict[str, list[float]] = {}
 
 
@@ -95,7 +121,7 @@ def _report() -> None:
 
 
 def _install() -> None:
-    for module_name, path in TIMED:
+    for module_name, path in _EXTRA + TIMED:
         try:
             module = importlib.import_module(module_name)
         except Exception:  # a module this SGLang does not have: leave it untimed

@@ -25,16 +25,21 @@ from sglang.jit_kernel.kv_canary.consts import (
 )
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
-from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshotPipe, HostEvent
+from sglang.srt.kv_canary.monitor.counter_snapshots import (
+    CounterSnapshotPipe,
+    CurrentStreamEvent,
+    HostEvent,
+)
 from sglang.srt.kv_canary.monitor.violation_reporter import (
     REPEATS_PREFIX,
     RING_OVERFLOW_PREFIX,
     ViolationReporter,
 )
 from sglang.srt.kv_canary.monitor.violations import CanaryViolationError, find_violation_rows
-from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")
+register_cuda_ci(est_time=5, suite="kv-canary-gpu")
 
 
 class _ManualEvent:
@@ -257,6 +262,33 @@ def test_reporter_rejects_mode_none() -> None:
         ViolationReporter(ring=torch.zeros((1, RING_ROW_FIELDS), dtype=torch.int64),
                           counters=torch.zeros((NUM_COUNTERS,), dtype=torch.int64),
                           mode=CanaryMode.NONE)
+
+
+@pytest.mark.gpu
+def test_a_cuda_counter_copy_completes_with_the_stream_it_was_enqueued_on() -> None:
+    """The pipe's CUDA events are recorded on the current stream (looked up by its raw
+    handle): on a side stream busy for a while the copy is not done until that work is."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda")
+    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=device)
+    pipe = CounterSnapshotPipe(counters=counters, new_event=lambda: CurrentStreamEvent(device),
+                               depth=2)
+    for _ in range(2):  # a second stream object for the same handle is the same stream
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU cycles
+            counters[COUNTER_VIOLATIONS] += 1
+            assert pipe.enqueue(steps=1, launches=1, sweep_launches=0)
+        assert pipe.drain() == []  # still behind the sleep on `side`
+        side.synchronize()
+        (snapshot,) = pipe.drain()
+        assert snapshot.violations == int(counters[COUNTER_VIOLATIONS])
+    # the default stream, recorded through the same cache
+    counters[COUNTER_VIOLATIONS] += 1
+    assert pipe.enqueue(steps=2, launches=2, sweep_launches=0)
+    torch.cuda.synchronize()
+    assert [s.violations for s in pipe.drain()] == [3]
 
 
 if __name__ == "__main__":

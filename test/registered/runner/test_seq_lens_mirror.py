@@ -124,9 +124,12 @@ def test_the_mirror_holds_the_scheduler_values_of_the_last_forward(caplog) -> No
     server.decode(requests)
     mirror = runner._host_seq_lens  # the runner's persistent device buffer
     assert mirror[:2].tolist() == [6, 4]
+    staging = runner._staging
     server.decode(requests[1:], padded_rows=2)
-    assert mirror[:2].tolist() == [5, 4]  # live rows overwritten; the rest left as it was
-    assert runner._host_seq_lens is mirror  # never reallocated: captured graphs keep reading it
+    assert mirror[:1].tolist() == [5]  # the live row; rows past it hold the rest of the upload
+    # never reallocated: captured graphs keep reading it, at the head of the upload area
+    assert runner._host_seq_lens is mirror and runner._staging is staging
+    assert mirror.data_ptr() == staging.data_ptr()
     assert _rows(caplog, runner) == []
 
 

@@ -38,7 +38,13 @@ class FakeReq:
 class SimulatedSchedule:
     """Yields one batch (list of requests) per forward step; see the module docstring."""
 
-    def __init__(self, *, seed: int, pool_rows: int, max_prompt_len: int) -> None:
+    def __init__(
+        self, *, seed: int, pool_rows: int, max_prompt_len: int, steady: bool = False
+    ) -> None:
+        """``steady``: batches keep their order and nobody sits out, and finishing,
+        retraction and multi-token steps are ten times rarer, so most batches repeat the one
+        before with one more token per row (decode steps)."""
+        self._steady = steady
         self._rng = random.Random(seed)
         self._free_rows = list(range(1, pool_rows))
         self._max_prompt_len = max_prompt_len
@@ -77,8 +83,9 @@ class SimulatedSchedule:
                 self._prefilling[id(req)] = chunks_left - 1
                 continue
             self._prefilling.pop(id(req), None)
-            req.output_ids.extend(rng.randrange(1 << 20) for _ in range(rng.choice((1, 1, 1, 3))))
-            roll = rng.random()
+            count = (1 if rng.random() < 0.975 else 3) if self._steady else rng.choice((1, 1, 1, 3))
+            req.output_ids.extend(rng.randrange(1 << 20) for _ in range(count))
+            roll = rng.random() * (10 if self._steady else 1)
             if roll < 0.08:
                 self._release(req)  # finished
             elif roll < 0.12:
@@ -91,8 +98,11 @@ class SimulatedSchedule:
     def batches(self, num_steps: int) -> Iterator[list[FakeReq]]:
         for _ in range(num_steps):
             self._admit()
-            batch = [r for r in self.running if self._rng.random() < 0.9]  # a few sit out
-            self._rng.shuffle(batch)
+            if self._steady:
+                batch = list(self.running)
+            else:
+                batch = [r for r in self.running if self._rng.random() < 0.9]  # a few sit out
+                self._rng.shuffle(batch)
             yield batch
             self._advance()
 

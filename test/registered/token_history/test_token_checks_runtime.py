@@ -55,6 +55,7 @@ from sglang.srt.kv_canary.runner.batch_inputs import (
     batch_inputs_of,
 )
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner, attach_canary_runner
+from sglang.srt.kv_canary.runner.request_rows import RowUpdates
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels
 from sglang.srt.kv_canary.runner.memory_budget import (
     UPLOAD_STAGING_WORDS,
@@ -333,9 +334,10 @@ def test_a_live_batch_without_row_updates_fails_loudly() -> None:
         server.extend([(request, 4)])
 
 
-def test_the_upload_staging_grows_for_a_long_history() -> None:
+def test_an_upload_larger_than_the_staging_area_is_sent_in_full() -> None:
     """A history larger than the preallocated staging (a very long admitted prompt) is uploaded
-    in full: its length is known, the tokens that fit the row are there."""
+    in full: its length is known, the tokens that fit the row are there, and the seq_lens
+    mirror holds the batch's seq_lens."""
     server, runner = token_check_server(token_config(write_input=False))
     prompt = _prompt(9, UPLOAD_STAGING_WORDS + 10)
     request = _request(server, "long", prompt)
@@ -343,6 +345,7 @@ def test_the_upload_staging_grows_for_a_long_history() -> None:
     width = runner.token_history.tokens.shape[1]
     assert runner.token_history.lens[request.req_pool_idx].item() == len(prompt)
     assert runner.token_history.tokens[request.req_pool_idx].tolist() == prompt[:width]
+    assert runner._host_seq_lens[:1].tolist() == [4]
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -603,6 +606,30 @@ def test_the_reservation_covers_what_is_allocated() -> None:
         if name != "records":
             assert size <= getattr(reserved, name), name
     assert owned["records"] == runner.state.num_slots * RECORD_BYTES
+
+
+def test_decode_steps_of_one_batch_reuse_the_cut_upload_sections(monkeypatch) -> None:
+    """The upload's sections are cut from the staging area once per layout: the decode steps
+    of an unchanged batch (same sizes every step) reuse them, and the history stays exact."""
+    server, runner = token_check_server(token_config(write_input=False))
+    requests = [_request(server, rid, _prompt(seed, 6)) for seed, rid in ((1, "a"), (2, "b"))]
+    server.extend([(r, 6) for r in requests])
+    cuts = []  # the cuts of uploaded copies (not of the host buffer itself)
+    original = RowUpdates.sections_on
+
+    def counting_sections_on(self, packed):
+        if packed is not self.packed:
+            cuts.append(packed.shape[0])
+        return original(self, packed)
+
+    monkeypatch.setattr(RowUpdates, "sections_on", counting_sections_on)
+    for _ in range(5):
+        server.decode(requests)
+    assert len(cuts) == 1
+    for r in requests:
+        history = r.tokens[:-1]  # the last decode's upload predates the token it sampled
+        assert runner.token_history.lens[r.req_pool_idx].item() == len(history)
+        assert runner.token_history.tokens[r.req_pool_idx, : len(history)].tolist() == history
 
 
 if __name__ == "__main__":

@@ -360,5 +360,95 @@ def test_real_sglang_req_objects() -> None:
     assert incremental.tokens[2, :6].tolist() == [11, 12, 100, 101, 102, 103]
 
 
+@pytest.mark.parametrize(
+    ("token_history", "history_offset"),
+    [(True, 0), (False, 0), (True, 1)],
+    ids=["history", "chains-only", "eagle-draft-rows"],
+)
+def test_steady_batches_upload_exactly_what_the_general_path_uploads(
+    token_history: bool, history_offset: int,
+) -> None:
+    """The steady-batch path (decode steps of an unchanged batch) against the general per-row
+    path over a schedule: the same packed upload at every step, and most steps steady."""
+
+    def request_rows(*, steady_batches: bool) -> RequestRows:
+        rows = RequestRows(num_rows=10, token_history=token_history, owner_chains=True,
+                           pin_memory=False, history_offset=history_offset)
+        rows._steady_batches = steady_batches
+        return rows
+
+    fast, general = request_rows(steady_batches=True), request_rows(steady_batches=False)
+    steady_steps = 0
+    original = fast._prepare_steady
+
+    def counting_prepare_steady(**kwargs):
+        nonlocal steady_steps
+        updates = original(**kwargs)
+        steady_steps += updates is not None
+        return updates
+
+    fast._prepare_steady = counting_prepare_steady
+    schedule = SimulatedSchedule(seed=5, pool_rows=10, max_prompt_len=40, steady=True)
+    steps = 0
+    for step, batch in enumerate(schedule.batches(400)):
+        if not batch:
+            continue
+        steps += 1
+        seq_lens = [len(req.history()) for req in batch]
+        prefix_lens = [n - 1 for n in seq_lens]
+        if step % 37 == 5:  # a batch that never runs leaves nothing behind
+            fast.prepare(reqs=batch, prefix_lens=prefix_lens, seq_lens=seq_lens)
+        updates = [
+            rows.prepare(reqs=batch, prefix_lens=prefix_lens, seq_lens=seq_lens)
+            for rows in (fast, general)
+        ]
+        assert updates[0].segment_sizes == updates[1].segment_sizes, f"step {step}"
+        assert torch.equal(updates[0].packed, updates[1].packed), f"step {step}"
+        for rows, update in zip((fast, general), updates):
+            rows.commit(update)
+    assert steady_steps > steps // 2, (steady_steps, steps)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["retracted", "outputs_replaced", "history_shrank", "row_moved", "prompt_grew_in_place", "prompt_replaced",
+     "another_request_in_the_same_place", "one_request_fewer"],
+)
+def test_a_batch_that_changed_is_not_taken_for_steady(change: str) -> None:
+    def request_rows(*, steady_batches: bool) -> RequestRows:
+        rows = RequestRows(num_rows=8, token_history=True, owner_chains=True,
+                           pin_memory=False)
+        rows._steady_batches = steady_batches
+        return rows
+
+    batch = [_req("a", [1, 2, 3], [4], row=2), _req("b", [5, 6], [7, 8], row=5)]
+    fast, general = request_rows(steady_batches=True), request_rows(steady_batches=False)
+    for _ in range(2):  # the second commit is a steady one
+        for rows in (fast, general):
+            rows.commit(rows.prepare(reqs=batch, prefix_lens=[3, 3], seq_lens=[4, 4]))
+        batch[0].output_ids.append(9)
+    a = batch[0]
+    if change == "retracted":
+        a.retraction_count += 1
+    elif change == "outputs_replaced":
+        a.output_ids = list(a.output_ids) + [10]
+    elif change == "history_shrank":
+        del a.output_ids[-2:]
+    elif change == "row_moved":
+        a.req_pool_idx = 3
+    elif change == "prompt_replaced":
+        a.origin_input_ids = [12, 13, 14]  # another list of the same length
+    elif change == "prompt_grew_in_place":
+        a.origin_input_ids.append(11)
+    elif change == "another_request_in_the_same_place":
+        batch[0] = _req("c", list(a.origin_input_ids), list(a.output_ids), row=2)
+    else:
+        batch.pop()
+    seq_lens = [len(req.history()) for req in batch]
+    kwargs = dict(reqs=batch, prefix_lens=[n - 1 for n in seq_lens], seq_lens=seq_lens)
+    assert fast._prepare_steady(reqs=batch, seq_lens=seq_lens) is None
+    assert torch.equal(fast.prepare(**kwargs).packed, general.prepare(**kwargs).packed)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -139,6 +139,10 @@ def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptu
     for bad in ("-1", "often", "1.5"):
         with pytest.raises(ValueError, match=f"KV_CANARY_HOST_TIMERS='{bad}' is invalid"):
             timers.every_n_forwards(bad)
+    assert timers.extra_timed("") == ()
+    assert timers.extra_timed("a.b:C.f, d:g") == (("a.b", "C.f"), ("d", "g"))
+    with pytest.raises(ValueError, match="KV_CANARY_HOST_TIMERS_EXTRA item 'a.b' is invalid"):
+        timers.extra_timed("a.b")
 
 
 # ----------------------------------------------------------------------------- configurations

@@ -52,10 +52,47 @@ class HostEvent:
         return None
 
 
+class CurrentStreamEvent:
+    """A CUDA event recorded on the current stream of ``device``.
+
+    ``torch.cuda.Event.record()`` builds a ``torch.cuda.current_stream()`` object on every call
+    (5-8 us of host time on an H100 host, once per forward here); this looks the current
+    stream's raw handle up instead (what Triton's launches use, about 0.2 us) and records on a
+    stream object kept per handle.
+    """
+
+    _streams: dict[tuple[int, int], torch.cuda.ExternalStream] = {}
+
+    def __init__(self, device: torch.device) -> None:
+        self._device_index = (
+            device.index if device.index is not None else torch.cuda.current_device()
+        )
+        self._event = torch.cuda.Event()
+
+    def record(self) -> None:
+        key = (self._device_index, _current_raw_stream(self._device_index))
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = torch.cuda.ExternalStream(key[1], device=self._device_index)
+            self._streams[key] = stream
+        self._event.record(stream)
+
+    def query(self) -> bool:
+        return self._event.query()
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+
+def _current_raw_stream(device_index: int) -> int:
+    """The ``cudaStream_t`` of ``device_index``'s current stream, as an int."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
 def event_factory_for(device: torch.device) -> Callable[[], CompletionEvent]:
-    """CUDA events (recorded on the current stream) on a GPU, :class:`HostEvent` on a CPU."""
+    """:class:`CurrentStreamEvent` on a GPU, :class:`HostEvent` on a CPU."""
     if device.type == "cuda":
-        return torch.cuda.Event
+        return lambda: CurrentStreamEvent(device)
     return HostEvent
 
 

@@ -169,8 +169,10 @@ class CanaryRunner:
         self.write_expectations: WriteExpectations | None = None
         self.request_rows: RequestRows | None = None
         self._injector: FaultInjector | None = None
-        self._staging: torch.Tensor | None = None
-        self._host_seq_lens: torch.Tensor | None = None
+        self._staging: torch.Tensor | None = None  # the upload area (see on_memory_pool)
+        self._host_seq_lens: torch.Tensor | None = None  # its head: the seq_lens mirror
+        # the sections of the last upload layout cut from the area: (layout key, target, sections)
+        self._staged: tuple[Any, torch.Tensor, Any] | None = None
         self._sweep: RadixSweep | None = None
         self._sweep_launches = 0
         self._batch_ids = BatchRequestIds(device=self._device)
@@ -287,8 +289,8 @@ class CanaryRunner:
                 0 if self._draft_decode_state is None
                 else size(self._draft_decode_state.owner_chains)
             ),
-            "seq_lens_mirror": size(self._host_seq_lens),
-            "upload_staging": size(self._staging),
+            "seq_lens_mirror": size(self._host_seq_lens),  # the head of the upload area
+            "upload_staging": size(self._staging) - size(self._host_seq_lens),
             "token_history": 0 if self.token_history is None
             else size(self.token_history.tokens, self.token_history.lens),
             "write_expectations": 0 if self.write_expectations is None
@@ -344,14 +346,15 @@ class CanaryRunner:
                 self._draft_decode_state = dataclasses.replace(
                     self.state, owner_chains=torch.zeros_like(self.state.owner_chains)
                 )
+        # One persistent upload area. Its head is the seq_lens mirror that captured graphs
+        # read: an upload's first section is the seq_lens of its rows, so copying the packed
+        # upload to the start of the area refreshes the mirror with no copy of its own.
+        mirror_rows = seq_lens_mirror_rows(model_runner.server_args, request_rows=rows)
         with torch.inference_mode(False):
-            self._staging = torch.empty(
-                (UPLOAD_STAGING_WORDS,), dtype=torch.int64, device=self._device
+            self._staging = torch.zeros(
+                (mirror_rows + UPLOAD_STAGING_WORDS,), dtype=torch.int64, device=self._device
             )
-            self._host_seq_lens = torch.zeros(
-                (seq_lens_mirror_rows(model_runner.server_args, request_rows=rows),),
-                dtype=torch.int64, device=self._device,
-            )
+        self._host_seq_lens = self._staging[:mirror_rows]
         if config.enable_write_input_assert and not self._is_draft:
             # (an EAGLE draft model's inputs are the next position's tokens or guesses: the
             # assert checks the target's forwards, whose inputs are the committed tokens)
@@ -869,23 +872,34 @@ class CanaryRunner:
         self._apply_row_updates(updates)
 
     def _apply_row_updates(self, updates: RowUpdates) -> None:
-        """One host-to-device copy of ``updates.packed``, then its sections applied (seq_lens
-        mirror, token-history scatter, owner chains), all on the current stream, and the
-        bookkeeping committed."""
-        words = updates.packed.shape[0]
-        if self._staging.shape[0] < words:
-            self._staging = torch.empty(
-                (1 << (words - 1).bit_length(),), dtype=torch.int64, device=self._device
-            )
-        staging = self._staging[:words]
-        staging.copy_(updates.packed, non_blocking=True)
-        seq_lens, history, owners, admissions = updates.sections_on(staging)
-        rows = seq_lens.values.shape[0]
-        if rows > self._host_seq_lens.shape[0]:  # an eager batch larger than any graph's
-            self._host_seq_lens = torch.zeros(
-                (1 << (rows - 1).bit_length(),), dtype=torch.int64, device=self._device
-            )
-        if rows > 0:
+        """One host-to-device copy of ``updates.packed``, then its sections applied (token-history
+        scatter, owner chains, admission checks), all on the current stream, and the
+        bookkeeping committed.
+
+        The copy lands at the start of the persistent upload area, so its seq_lens section is
+        the mirror the captured graphs read. The sections of a layout (its segment sizes) are
+        cut once and reused while the layout repeats (decode steps of one batch). An upload
+        larger than the area goes to a buffer of its own, and its seq_lens to the mirror
+        (which has a row for every request row, so it holds any batch's).
+        """
+        key = (updates.segment_sizes, updates.has_history, updates.has_owners,
+               updates.has_admissions)
+        staged = self._staged
+        if staged is not None and staged[0] == key:
+            target, sections = staged[1], staged[2]
+        else:
+            words = updates.packed.shape[0]
+            if words <= self._staging.shape[0]:
+                target = self._staging[:words]
+                sections = updates.sections_on(target)
+                self._staged = (key, target, sections)
+            else:
+                target = torch.empty((words,), dtype=torch.int64, device=self._device)
+                sections = updates.sections_on(target)
+        target.copy_(updates.packed, non_blocking=True)
+        seq_lens, history, owners, admissions = sections
+        if target.data_ptr() != self._staging.data_ptr():  # (a batch never outnumbers the
+            rows = seq_lens.values.shape[0]  # mirror's rows: one per request row at most)
             self._host_seq_lens[:rows].copy_(seq_lens.values)
         if history is not None:
             self.token_history.upload(history)

@@ -14,5 +14,7 @@ from typing import Any
 
 
 def point_padded_rows_at_row_zero(*, buffers: Any, raw_bs: int, bs: int) -> None:
-    """Zero ``buffers.req_pool_indices[raw_bs:bs]`` (before SGLang fills ``[:raw_bs]``)."""
-    buffers.req_pool_indices[raw_bs:bs].zero_()
+    """Zero ``buffers.req_pool_indices[raw_bs:bs]`` (before SGLang fills ``[:raw_bs]``); a
+    replay without padded rows launches nothing."""
+    if raw_bs < bs:
+        buffers.req_pool_indices[raw_bs:bs].zero_()

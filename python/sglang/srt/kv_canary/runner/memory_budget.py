@@ -25,8 +25,8 @@ _INT32_BYTES = 4
 SGLANG_MAX_REQUEST_ROWS = 4096
 # ModelRunnerKVCacheMixin._init_pools: req_to_token has context_len + 4 (+ draft tokens) columns.
 SGLANG_EXTRA_CONTEXT_COLUMNS = 4
-# Host-to-device staging of one forward's uploads, preallocated; grows (allocating) only for a
-# forward that uploads more (an unusually long admitted history).
+# Host-to-device staging of one forward's uploads, preallocated after the seq_lens mirror (one
+# area); a forward that uploads more (an unusually long admitted history) allocates its own.
 UPLOAD_STAGING_WORDS = 1 << 16
 
 
