@@ -8,7 +8,9 @@ that only sees a batch finds its owner.
 
 The request ids also stay readable under their public names (``rids_int``,
 ``bootstrap_room_ids_int`` on both objects), and the token-history snapshot under
-``req_all_ids_flat`` / ``req_all_ids_lens`` on the ``ForwardBatch``: other code may read those.
+``req_all_ids_flat`` / ``req_all_ids_lens`` on the ``ForwardBatch``: other code may read those
+while the batch's forward runs (they are views of a host upload buffer that a later forward
+reuses).
 """
 
 from __future__ import annotations

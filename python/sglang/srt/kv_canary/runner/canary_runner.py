@@ -106,6 +106,11 @@ from sglang.srt.kv_canary.runner.refusals import (
     unsupported_server_args,
 )
 from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
+from sglang.srt.kv_canary.runner.upload_buffers import (
+    UPLOAD_BUFFER_SLOTS,
+    UPLOAD_BUFFER_WORDS,
+    UploadBufferRing,
+)
 from sglang.srt.kv_canary.runner.sweep import RadixSweep, unsupported_sweep_cache
 from sglang.srt.kv_canary.token_history.history import TokenHistory
 from sglang.srt.kv_canary.token_history.write_expectations import (
@@ -169,6 +174,7 @@ class CanaryRunner:
         self.write_expectations: WriteExpectations | None = None
         self.request_rows: RequestRows | None = None
         self._injector: FaultInjector | None = None
+        self._upload_buffers: UploadBufferRing | None = None  # host side of the uploads
         self._staging: torch.Tensor | None = None  # the upload area (see on_memory_pool)
         self._host_seq_lens: torch.Tensor | None = None  # its head: the seq_lens mirror
         # the sections of the last upload layout cut from the area: (layout key, target, sections)
@@ -328,9 +334,15 @@ class CanaryRunner:
                 num_rows=rows, max_context_len=columns, device=self._device,
                 scatter=self._kernels.scatter_req_token_ids,
             )
+        pin_memory = self._device.type == "cuda"
+        self._upload_buffers = UploadBufferRing(
+            slots=UPLOAD_BUFFER_SLOTS, words=UPLOAD_BUFFER_WORDS, pin_memory=pin_memory,
+            new_event=event_factory_for(self._device),
+        )
         self.request_rows = RequestRows(
             num_rows=rows, token_history=self.token_history is not None, owner_chains=True,
-            pin_memory=self._device.type == "cuda", history_offset=1 if self._is_draft else 0,
+            pin_memory=pin_memory, history_offset=1 if self._is_draft else 0,
+            upload_buffers=self._upload_buffers,
         )
         server_args = model_runner.server_args
         if server_args.speculative_algorithm is not None:
@@ -896,7 +908,10 @@ class CanaryRunner:
             else:
                 target = torch.empty((words,), dtype=torch.int64, device=self._device)
                 sections = updates.sections_on(target)
-        target.copy_(updates.packed, non_blocking=True)
+        if updates.upload_buffer is None:
+            target.copy_(updates.packed, non_blocking=True)
+        else:
+            self._upload_buffers.copy(updates.upload_buffer, to=target)
         seq_lens, history, owners, admissions = sections
         if target.data_ptr() != self._staging.data_ptr():  # (a batch never outnumbers the
             rows = seq_lens.values.shape[0]  # mirror's rows: one per request row at most)

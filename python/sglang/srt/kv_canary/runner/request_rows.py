@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from sglang.jit_kernel.kv_canary.hashing import chain_after_numpy
+from sglang.srt.kv_canary.runner.upload_buffers import UploadBuffer, UploadBufferRing
 
 UNKNOWN_OWNER_CHAIN = 0  # "the host does not know": the device adopts the record's chain
 
@@ -157,6 +158,7 @@ class RowUpdates:
     deferred: tuple[DeferredAdmission, ...] = ()
     # the batch as the device knows it once these updates are committed (None: not steady)
     steady_after: _SteadyBatch | None = None
+    upload_buffer: UploadBuffer | None = None  # where ``packed`` lives (a ring's slice)
     _host_sections: tuple[Any, ...] | None = field(default=None, init=False, repr=False,
                                                    compare=False)
 
@@ -250,6 +252,8 @@ class RequestRows:
         token_history: keep the token history (send the tokens the device lacks).
         owner_chains: keep the owner chains (send the chain of rows with a new owner).
         pin_memory: pin the packed host buffers (CUDA).
+        upload_buffers: take the packed host buffers from this ring (else one allocation per
+            pack).
         incremental: send only what the device lacks (False: every history in full every
             forward, and every row's owner chain; the simple reference for tests).
         history_offset: the request tokens the row's history skips at its start: 0 for a
@@ -267,6 +271,7 @@ class RequestRows:
         pin_memory: bool,
         incremental: bool = True,
         history_offset: int = 0,
+        upload_buffers: UploadBufferRing | None = None,
     ) -> None:
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
@@ -276,6 +281,7 @@ class RequestRows:
         self.keeps_token_history = token_history
         self.keeps_owner_chains = owner_chains
         self._pin_memory = pin_memory
+        self._upload_buffers = upload_buffers
         self._incremental = incremental
         self._row_owner: list[_OwnerKey | None] = [None] * num_rows
         # history length the device knows per row (behind the steady snapshot, when one is
@@ -405,6 +411,7 @@ class RequestRows:
         ] if deferred else range(len(rows))
         return _pack(
             pin_memory=self._pin_memory,
+            upload_buffers=self._upload_buffers,
             seq_lens=seq_lens,
             history=(rows, history_lens, segment_lens, history_chunks)
             if self.keeps_token_history
@@ -475,6 +482,7 @@ class RequestRows:
         # until the general path takes over (_materialize_steady)
         return _pack(
             pin_memory=self._pin_memory,
+            upload_buffers=self._upload_buffers,
             seq_lens=seq_lens,
             history=history,
             owners=([], []) if self.keeps_owner_chains else None,
@@ -522,6 +530,7 @@ class RequestRows:
             checks[2].append(chain_after_numpy(tokens[: admission.prefix_len]))
         return _pack(
             pin_memory=self._pin_memory,
+            upload_buffers=self._upload_buffers,
             seq_lens=(),
             history=(rows, history_lens, [len(chunk) for chunk in chunks], chunks)
             if self.keeps_token_history
@@ -580,6 +589,7 @@ def _row_starts(bs: int) -> np.ndarray:
 def _pack(
     *,
     pin_memory: bool,
+    upload_buffers: UploadBufferRing | None,
     seq_lens: Sequence[int],
     history: tuple[list[int], list[int], list[int], list[list[int] | np.ndarray]] | None,
     owners: tuple[list[int], list[int]] | None,
@@ -603,7 +613,12 @@ def _pack(
         sizes += (len(owners[0]),) * 2
     if admissions is not None:
         sizes += (len(admissions[0]),) * 3
-    packed = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pin_memory)
+    if upload_buffers is None:
+        buffer = None
+        packed = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pin_memory)
+    else:
+        buffer = upload_buffers.take(sum(sizes))
+        packed = buffer.tensor
     array = packed.numpy()
     end = sizes[0]
     array[:end] = seq_lens
@@ -635,4 +650,5 @@ def _pack(
         unknown_owner_rows=unknown_owner_rows,
         deferred=deferred,
         steady_after=steady_after,
+        upload_buffer=buffer,
     )
