@@ -274,6 +274,10 @@ def test_a_cuda_counter_copy_completes_with_the_stream_it_was_enqueued_on() -> N
     counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=device)
     pipe = CounterSnapshotPipe(counters=counters, new_event=lambda: CurrentStreamEvent(device),
                                depth=2)
+    # Warm-up: the first launch of a kernel loads its module, which waits for the device
+    torch.cuda._sleep(1000)
+    counters[COUNTER_VIOLATIONS] += 0
+    torch.cuda.synchronize()
     for _ in range(2):  # a second stream object for the same handle is the same stream
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):

@@ -107,6 +107,8 @@ def test_pinned_ring_buffers_wait_for_their_copy_on_the_device() -> None:
     buffer = ring.take(16)
     assert buffer.tensor.is_pinned()
     buffer.tensor[:] = 7
+    torch.cuda._sleep(1000)  # warm-up: a kernel's first launch loads its module and waits
+    torch.cuda.synchronize()
     torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the copy waits behind it
     ring.copy(buffer, to=target)
     assert ring.take(16).slot is None  # still in flight: a buffer of its own
