@@ -288,9 +288,11 @@ def test_a_cuda_counter_copy_completes_with_the_stream_it_was_enqueued_on() -> N
         side.synchronize()
         (snapshot,) = pipe.drain()
         assert snapshot.violations == int(counters[COUNTER_VIOLATIONS])
-    # the default stream, recorded through the same cache
+    # the default stream (raw handle 0), recorded through the same cache
+    torch.cuda._sleep(1_000_000_000)
     counters[COUNTER_VIOLATIONS] += 1
     assert pipe.enqueue(steps=2, launches=2, sweep_launches=0)
+    assert pipe.drain() == []  # still behind the sleep on the default stream
     torch.cuda.synchronize()
     assert [s.violations for s in pipe.drain()] == [3]
 

@@ -57,11 +57,13 @@ class CurrentStreamEvent:
 
     ``torch.cuda.Event.record()`` builds a ``torch.cuda.current_stream()`` object on every call
     (5-8 us of host time on an H100 host, once per forward here); this looks the current
-    stream's raw handle up instead (what Triton's launches use, about 0.2 us) and records on a
-    stream object kept per handle.
+    stream's raw handle up instead (what Triton's launches use, about 0.2 us) and records on
+    the stream object ``torch.cuda.current_stream()`` gave the first time that handle was
+    current. (Not a ``torch.cuda.ExternalStream`` of the handle: for the default stream, handle
+    0, an event recorded on that completes at once; a GPU test pins this.)
     """
 
-    _streams: dict[tuple[int, int], torch.cuda.ExternalStream] = {}
+    _streams: dict[tuple[int, int], torch.cuda.Stream] = {}
 
     def __init__(self, device: torch.device) -> None:
         self._device_index = (
@@ -73,7 +75,7 @@ class CurrentStreamEvent:
         key = (self._device_index, _current_raw_stream(self._device_index))
         stream = self._streams.get(key)
         if stream is None:
-            stream = torch.cuda.ExternalStream(key[1], device=self._device_index)
+            stream = torch.cuda.current_stream(self._device_index)
             self._streams[key] = stream
         self._event.record(stream)
 
