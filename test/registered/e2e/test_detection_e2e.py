@@ -134,6 +134,17 @@ def test_clean_mixed_workload_without_cuda_graphs_has_no_violation(canary_server
     _assert_clean_canary_log(server.log_text())
 
 
+@pytest.mark.gpu
+def test_clean_mixed_workload_without_overlap_scheduling_has_no_violation(canary_server) -> None:
+    """Without overlap scheduling SGLang runs the forwards on the default CUDA stream: the
+    canary's counter copies and upload buffers follow their events there too."""
+    server = canary_server(env=_CANARY, args=(*_GRAPH_ARGS, "--disable-overlap-schedule"))
+    assert _run_mixed_workload(server, page=_PAGE, chunk=_CHUNK, seed=5) >= 200
+    server.generate(_request("last", _tokens(random.Random(1), 30), 30))
+    assert server.returncode is None
+    _assert_clean_canary_log(server.log_text())
+
+
 _perturbation_traffic = concurrent_traffic
 _faults_and_rows = faults_and_rows
 _assert_clean_canary_log = assert_clean_canary_log
