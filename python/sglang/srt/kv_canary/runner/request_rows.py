@@ -30,10 +30,12 @@ checks exactly as the pre launch would have (same violation row) before the post
 An owner is the request object (held by weak reference and compared by identity: a new object
 at a recycled address, or one equal by value, is a new owner) plus its retraction count and the
 identities of its two token lists, so a retracted request, a request moved to another row, a
-row reused by a new request, or a history that was replaced or shrank is re-sent in full. :meth:`RequestRows.prepare` (at ``ForwardBatch.init_new``)
-packs everything one forward needs into one host buffer (pinned on CUDA); the bookkeeping
-advances only when :meth:`RequestRows.commit` is called, when that buffer is uploaded, so a batch
-that never runs leaves no gap.
+row reused by a new request, or a history that was replaced or shrank is re-sent in full.
+:meth:`RequestRows.prepare` (at ``ForwardBatch.init_new``) packs everything one forward needs
+into one host buffer (pinned on CUDA; with an :class:`~.upload_buffers.UploadBufferRing`, a
+slice of one of its preallocated buffers); the bookkeeping advances only when
+:meth:`RequestRows.commit` is called, when that buffer is uploaded, so a batch that never runs
+leaves no gap.
 
 **Steady batches.** Most forwards (decode steps) run the same requests, in the same rows and
 order, as the forward committed before them, each with a few more output tokens. For such a
