@@ -52,7 +52,10 @@ def main() -> None:
         protocol_version = "HTTP/1.1"  # streamed answers use chunked transfer encoding
 
         def log_message(self, *args: object) -> None:
-            print("fake server request:", self.command, self.path, flush=True)
+            # one write per line: handler threads log concurrently, and print() writes its
+            # pieces separately (interleaved lines would hide a request from the tests' counts)
+            sys.stdout.write(f"fake server request: {self.command} {self.path}\n")
+            sys.stdout.flush()
 
         def _answer(self, status: int, body: object) -> None:
             data = json.dumps(body).encode()
