@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import pytest
+
+from sglang.srt import server_args as sglang_server_args
+from sglang.srt.kv_canary import config as canary_config
 from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.hooks.forward_batch import after_init_new
 from sglang.srt.kv_canary.runner.canary_runner import (
@@ -26,6 +30,7 @@ from sglang.srt.kv_canary.tools.worker_batches import greedy_sampling_info
 from sglang.srt.kv_canary.tools.worker_batches import (
     model_worker_batch as shared_model_worker_batch,
 )
+from sglang.srt.layers import sampler as sglang_sampler
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -107,3 +112,19 @@ def forward_batch_from_init_new(batch: ModelWorkerBatch, *, model_runner: object
     forward_batch = ForwardBatch.init_new(batch, runner)
     after_init_new(forward_batch, ForwardBatch, batch, runner)
     return forward_batch
+
+
+@pytest.fixture
+def sampler_environment(monkeypatch):
+    """What ``Sampler.__init__`` reads from a running server, stubbed for CPU."""
+    server_args = SimpleNamespace(enable_nan_detection=False, rl_on_policy_target=None,
+                                  enable_deterministic_inference=False,
+                                  sampling_backend="token_oracle")
+    monkeypatch.setattr(sglang_sampler, "get_global_server_args", lambda: server_args)
+    monkeypatch.setattr(sglang_sampler, "get_tp_group", lambda: SimpleNamespace(device_group=None))
+    monkeypatch.setattr(sglang_sampler, "is_dp_attention_enabled", lambda: False)
+    monkeypatch.setattr(sglang_sampler, "_CUSTOM_SAMPLER_FACTORIES", {})
+    # as in a fresh process (another test may have installed an oracle in this one)
+    monkeypatch.setattr(sglang_server_args, "SAMPLING_BACKEND_CHOICES",
+                        set(sglang_server_args.SAMPLING_BACKEND_CHOICES) - {"token_oracle"})
+    monkeypatch.setattr(canary_config, "_active_config", None)

@@ -15,10 +15,10 @@ from _batches import (
     forward_batch_from_init_new,
     model_runner_stub,
     model_worker_batch,
+    sampler_environment,  # noqa: F401 - fixture
     with_canary,
 )
 from _oracle_reference import generalized_id, oracle_token
-from sglang.srt.kv_canary import config as canary_config
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig
 from sglang.srt.kv_canary.hooks.eagle import around_verify_sample
 from sglang.srt.kv_canary.hooks.forward_batch import after_pad_inputs
@@ -39,22 +39,6 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=20, suite="kv-canary-cpu")
 
 REQS = [FakeReq("s0"), FakeReq("s1", bootstrap_room=5), FakeReq("s2")]
-
-
-@pytest.fixture
-def sampler_environment(monkeypatch):
-    """What ``Sampler.__init__`` reads from a running server, stubbed for CPU."""
-    server_args = SimpleNamespace(enable_nan_detection=False, rl_on_policy_target=None,
-                                  enable_deterministic_inference=False,
-                                  sampling_backend="token_oracle")
-    monkeypatch.setattr(sglang_sampler, "get_global_server_args", lambda: server_args)
-    monkeypatch.setattr(sglang_sampler, "get_tp_group", lambda: SimpleNamespace(device_group=None))
-    monkeypatch.setattr(sglang_sampler, "is_dp_attention_enabled", lambda: False)
-    monkeypatch.setattr(sglang_sampler, "_CUSTOM_SAMPLER_FACTORIES", {})
-    # as in a fresh process (another test may have installed an oracle in this one)
-    monkeypatch.setattr(sglang_server_args, "SAMPLING_BACKEND_CHOICES",
-                        set(sglang_server_args.SAMPLING_BACKEND_CHOICES) - {"token_oracle"})
-    monkeypatch.setattr(canary_config, "_active_config", None)
 
 
 def _oracle_sampler(next_token_swap=None) -> sampler.OracleSampler:

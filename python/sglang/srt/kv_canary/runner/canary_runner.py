@@ -118,6 +118,7 @@ from sglang.srt.kv_canary.token_history.write_expectations import (
     write_input_assert_applies,
 )
 from sglang.srt.kv_canary.token_oracle.eagle_verify import sample_verify_with_oracle
+from sglang.srt.kv_canary.token_oracle.graph_tokens import GraphOracleTokens
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.request_ids import (
@@ -145,6 +146,13 @@ _T = TypeVar("_T")
 
 class TokenOracleSetupError(RuntimeError):
     """The token oracle is enabled in a configuration where it cannot steer the tokens."""
+
+
+def _samples_decode_tokens(forward_batch: Any) -> bool:
+    """Whether a captured batch is a plain decode step, whose rows' next tokens come from the
+    sampler (a target-verify graph's tokens are chosen by the EAGLE verify instead)."""
+    return (forward_batch.forward_mode == ForwardMode.DECODE
+            and getattr(forward_batch, "spec_info", None) is None)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -185,6 +193,10 @@ class CanaryRunner:
         self._graph_ids: dict[int, GraphRequestIdBuffers] = {}
         # per graph runner: the id tensors its buffers were last filled from
         self._graph_ids_source: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # the graph runners whose graphs compute their rows' next oracle tokens (decode graphs),
+        # and the offer of a prepared replay's tokens to this runner's sampler
+        self._token_graph_runners: set[int] = set()
+        self.graph_tokens = GraphOracleTokens()
         self._captured_launches: dict[tuple[int, int], int] = {}
         self._launches_in_capture: int | None = None
         self._launches = 0  # canary launch pairs enqueued (eager + replayed) since serving started
@@ -413,7 +425,10 @@ class CanaryRunner:
         forward: Callable[..., Any],
     ) -> _T:
         """Capture one decode graph of ``bs`` rows: the captured forward reads graph-resident
-        request ids (oracle on), and the canary launches captured into it are counted."""
+        request ids (oracle on), a DECODE graph also computes its rows' next oracle tokens into
+        the graph-resident ``next_tokens`` (the sampler takes them, see
+        :mod:`..token_oracle.graph_tokens`), and the canary launches captured into it are
+        counted."""
         buffers = self._graph_ids_for(graph_runner) if self.oracle is not None else None
 
         @functools.wraps(forward)  # keeps inspect.signature(forward), which the runner inspects
@@ -423,6 +438,13 @@ class CanaryRunner:
         ) -> Any:
             if buffers is not None:
                 self._attach_capture_ids(forward_batch=forward_batch, buffers=buffers)
+                if _samples_decode_tokens(forward_batch):
+                    rids_int, rooms = buffers.capture_views(bs)
+                    self.oracle.write_next_tokens_by_request(
+                        rids_int=rids_int, bootstrap_room_ids_int=rooms,
+                        logits_positions=positions[:bs], tokens_out=buffers.next_tokens[:bs],
+                    )
+                    self._token_graph_runners.add(id(graph_runner))
             return forward(input_ids, positions, forward_batch, **forward_kwargs)
 
         self._launches_in_capture = 0
@@ -652,10 +674,16 @@ class CanaryRunner:
         return result
 
     def on_decode_replay(self, *, graph_runner: Any, forward_batch: ForwardBatch) -> None:
-        """A decode / target-verify graph's replay is prepared: refresh its request ids
-        (oracle on)."""
+        """A decode / target-verify graph's replay is prepared: refresh its request ids and
+        offer a decode graph's next tokens to the sampler of this batch (oracle on)."""
         if self.oracle is not None:
             self._fill_graph_ids(graph_runner=graph_runner, forward_batch=forward_batch)
+            sampling_info = getattr(forward_batch, "sampling_info", None)
+            if id(graph_runner) in self._token_graph_runners and sampling_info is not None:
+                self.graph_tokens.offer(sampling_info=sampling_info,
+                                        tokens=self._graph_ids[id(graph_runner)].next_tokens)
+            else:
+                self.graph_tokens.withdraw()
 
     def on_graph_replay(self, *, graph_runner: Any) -> None:
         """A decode / target-verify graph was replayed: count the canary launches captured into
@@ -836,6 +864,7 @@ class CanaryRunner:
         return OracleSampler(
             manager=self.oracle,
             next_token_swap=NextTokenSwapState.from_config(self.config.perturb),
+            graph_tokens=self.graph_tokens,
         )
 
     def sample_eagle_verify(

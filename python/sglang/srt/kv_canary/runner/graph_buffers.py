@@ -1,4 +1,5 @@
-"""Graph-resident per-request ids for a CUDA graph runner (decode, EAGLE draft).
+"""Graph-resident per-request ids (and the oracle's next tokens) for a CUDA graph runner (decode,
+EAGLE draft).
 
 Code captured into a CUDA graph that reads a batch's request ids (the write-input assert's
 oracle expectations) must read *static* tensors, refreshed before every replay. Each graph
@@ -8,6 +9,9 @@ model runner's canary:
 * capture: the batch the captured forward receives carries the views ``[:bs]``;
 * replay: ``[:raw_bs]`` is copied from the live batch and ``[raw_bs:]`` reset to 0 / -1, so no
   id of an earlier replay survives in a padded row.
+
+A decode graph also writes its rows' next oracle tokens into ``next_tokens`` (see
+:mod:`sglang.srt.kv_canary.token_oracle.graph_tokens`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ class GraphRequestIdBuffers:
     Attributes:
         rids_int: int64 ``[max_bs]``; padded rows hold 0.
         bootstrap_room_ids_int: int64 ``[max_bs]``; padded rows hold -1.
+        next_tokens: int32 ``[max_bs]``, written inside a decode graph (the oracle's token
+            after each row's position); unused by other graphs.
     """
 
     rids_int: torch.Tensor
     bootstrap_room_ids_int: torch.Tensor
+    next_tokens: torch.Tensor
 
     @classmethod
     def allocate(cls, *, max_bs: int, device: torch.device | str) -> GraphRequestIdBuffers:
@@ -39,6 +46,7 @@ class GraphRequestIdBuffers:
                 bootstrap_room_ids_int=torch.full(
                     (max_bs,), ROOM_PAD_VALUE, dtype=torch.int64, device=device
                 ),
+                next_tokens=torch.zeros((max_bs,), dtype=torch.int32, device=device),
             )
 
     @property

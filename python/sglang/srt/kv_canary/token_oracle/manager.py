@@ -114,6 +114,18 @@ class TokenOracleManager:
         return self._sample(req_ids=rids_int, bootstrap_room_ids=bootstrap_room_ids_int,
                             logits_positions=logits_positions)
 
+    def write_next_tokens_by_request(
+        self, *, rids_int: torch.Tensor, bootstrap_room_ids_int: torch.Tensor,
+        logits_positions: torch.Tensor, tokens_out: torch.Tensor,
+    ) -> None:
+        """:meth:`sample_next_tokens_by_request` into the caller's int32 ``tokens_out``
+        (``[n]``). One launch, no allocation, no host sync: CUDA-graph capturable (the decode
+        graphs compute their rows' next tokens with it, see :mod:`.graph_tokens`)."""
+        self.oracle.write_tokens(
+            req_ids=rids_int, bootstrap_room_ids=bootstrap_room_ids_int,
+            positions=logits_positions, position_offset=1, tokens_out=tokens_out,
+        )
+
     def _sample(
         self, *, req_ids: torch.Tensor, bootstrap_room_ids: torch.Tensor | None,
         logits_positions: torch.Tensor,

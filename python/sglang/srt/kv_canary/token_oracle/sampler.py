@@ -11,7 +11,9 @@ argparse choices). Registration happens twice per deployment, both idempotent:
   ``create_sampler()``. SGLang's sampler registry holds the factory; this module keeps no state.
 
 :class:`OracleSampler` ignores the logits: each row's token is the oracle's token after the
-sampled position, then the optional next-token-swap perturbation. It computes nothing else
+sampled position (for a batch replayed from a decode CUDA graph, computed inside that graph and
+taken from :class:`~.graph_tokens.GraphOracleTokens`), then the optional next-token-swap
+perturbation. It computes nothing else
 unless logprobs are requested, in which case the logprobs are the model's ``log_softmax`` of
 the raw logits (temperature, top-p/k and penalties are ignored), read at the oracle's tokens, so
 logprob requests get values consistent with the emitted tokens. Grammar masks, logit processors,
@@ -32,6 +34,7 @@ from sglang.srt.kv_canary.perturb.next_token_swap import (
     maybe_perturb_swap_next_tokens,
 )
 from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
+from sglang.srt.kv_canary.token_oracle.graph_tokens import GraphOracleTokens
 from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.srt.layers.sampler import Sampler, register_sampler_backend
@@ -49,11 +52,16 @@ class OracleSampler(Sampler):
     """A ``Sampler`` whose tokens come from a :class:`TokenOracleManager`."""
 
     def __init__(
-        self, *, manager: TokenOracleManager, next_token_swap: NextTokenSwapState | None
+        self,
+        *,
+        manager: TokenOracleManager,
+        next_token_swap: NextTokenSwapState | None,
+        graph_tokens: GraphOracleTokens | None = None,
     ) -> None:
         super().__init__()
         self.manager = manager
         self.next_token_swap = next_token_swap
+        self.graph_tokens = graph_tokens
 
     def forward(
         self,
@@ -76,16 +84,21 @@ class OracleSampler(Sampler):
         """
         logits = logits_output.next_token_logits
         rows = logits.shape[0]
-        rids_int, rooms = request_ids_of(sampling_info)
-        if rids_int.shape[0] < rows or positions.shape[0] < rows:
-            raise ValueError(
-                f"token_oracle sampler: {rows} logits rows but {rids_int.shape[0]} "
-                f"request ids and {positions.shape[0]} positions"
-            )
-        next_token_ids = self.manager.sample_next_tokens_by_request(
-            rids_int=_first(rids_int, rows), bootstrap_room_ids_int=_first(rooms, rows),
-            logits_positions=_first(positions, rows),
+        next_token_ids = (
+            None if self.graph_tokens is None
+            else self.graph_tokens.take(sampling_info=sampling_info, rows=rows)
         )
+        if next_token_ids is None:  # not a replayed decode graph: launch the oracle here
+            rids_int, rooms = request_ids_of(sampling_info)
+            if rids_int.shape[0] < rows or positions.shape[0] < rows:
+                raise ValueError(
+                    f"token_oracle sampler: {rows} logits rows but {rids_int.shape[0]} "
+                    f"request ids and {positions.shape[0]} positions"
+                )
+            next_token_ids = self.manager.sample_next_tokens_by_request(
+                rids_int=_first(rids_int, rows), bootstrap_room_ids_int=_first(rooms, rows),
+                logits_positions=_first(positions, rows),
+            )
         if self.next_token_swap is not None:
             next_token_ids = maybe_perturb_swap_next_tokens(
                 next_token_ids=next_token_ids,
