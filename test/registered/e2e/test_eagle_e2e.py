@@ -174,7 +174,7 @@ def test_req_to_token_fault_is_caught_with_eagle(canary_server, tiny_eagle_draft
     # checks reported, only as chain mismatches.
     verify_rows = [r for r in rows if r.check is not CheckKind.SWEEP]
     reported_slots = {r.slot for r in verify_rows}
-    assert all(r.slot in reported_slots and r.reasons == int(Reason.VERIFY_CHAIN_HASH)
+    assert all(r.slot in reported_slots and r.reasons == int(Reason.VERIFY_CHAIN)
                for r in rows if r.check is CheckKind.SWEEP)
     assert_every_fault_caught(faults, verify_rows, reason=Reason.VERIFY_POSITION,
                               allowed=_REDIRECT_REASONS)
