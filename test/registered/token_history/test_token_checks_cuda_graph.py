@@ -193,7 +193,8 @@ class _DecodeGraph:
             seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
         ), reqs)
 
-        def replay() -> None:  # CudaGraphRunner.replay: populate, replay_prepare's hook, replay
+        def replay() -> None:  # CudaGraphRunner.replay: populate, replay_prepare's hook, replay,
+            # and the AFTER hook on replay (it counts the canary launches captured in the graph)
             static = self.batch
             static.input_ids.copy_(_i64(inputs + [0] * pad))
             static.req_pool_indices.copy_(_i64([r.req_pool_idx for r in reqs] + [0] * pad))
@@ -203,6 +204,7 @@ class _DecodeGraph:
             self.harness.runner.on_decode_replay(graph_runner=self.graph_runner,
                                                  forward_batch=live)
             self.graph.replay()
+            self.harness.runner.on_graph_replay(graph_runner=self.graph_runner)  # replay's hook
 
         self.harness.runner.run_forward(forward_batch=live, forward=replay)
         for req, position in zip(reqs, positions):
