@@ -24,10 +24,11 @@ from sglang.srt.kv_canary.hooks.cuda_graph_runner import (
     after_replay_prepare,
     around_capture_one_batch_size,
 )
-from sglang.srt.kv_canary.runner.batch_inputs import attach_batch_inputs, batch_inputs_of
+from sglang.srt.kv_canary.runner.batch_inputs import CanaryBatchInputs, attach_batch_inputs
 from sglang.srt.kv_canary.runner.canary_runner import runner_of
 from sglang.srt.kv_canary.token_oracle.graph_tokens import GraphOracleTokens
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
+from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_to_tensors
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
@@ -210,16 +211,17 @@ def test_a_real_cuda_graph_replay_gives_the_sampler_its_tokens(
 
     around_capture_one_batch_size(original, graph_runner, MAX_BS, _model_forward, None)
     sampler = canary.make_sampler()
+    rids_int, rooms = request_ids_to_tensors(rids=[r.rid for r in REQS],
+                                             bootstrap_rooms=[r.bootstrap_room for r in REQS],
+                                             device="cuda")
     for seq_lens in ([5, 9, 3], [70000, 12, 1 << 20]):
-        cpu_live = _live_decode(model_runner, monkeypatch, seq_lens)
-        inputs = batch_inputs_of(cpu_live)
-        live = SimpleNamespace(batch_size=cpu_live.batch_size,
-                               positions=cpu_live.positions.cuda(),
-                               sampling_info=cpu_live.sampling_info)
-        attach_batch_inputs(live, inputs.replace(
-            rids_int=inputs.rids_int.cuda(),
-            bootstrap_room_ids_int=inputs.bootstrap_room_ids_int.cuda(),
-        ))
+        # a live decode batch as init_new's adapter leaves it (init_new itself needs a server)
+        live = SimpleNamespace(
+            batch_size=len(REQS), sampling_info=object(),
+            positions=torch.tensor(seq_lens, dtype=torch.int64, device="cuda") - 1,
+        )
+        attach_batch_inputs(live, CanaryBatchInputs(runner=canary, rids_int=rids_int,
+                                                    bootstrap_room_ids_int=rooms))
         _replay(graph_runner, graph.replay, static, live)
         output = LogitsProcessorOutput(next_token_logits=torch.randn(3, VOCAB_SIZE, device="cuda"))
         tokens = sampler(output, live.sampling_info, False, [0] * 3, [None] * 3, live.positions)
