@@ -314,7 +314,8 @@ class CanaryRunner:
             "write_expectations": 0 if self.write_expectations is None
             else self.write_expectations.device_bytes,
             "graph_request_ids": sum(
-                size(b.rids_int, b.bootstrap_room_ids_int) for b in self._graph_ids.values()
+                size(b.rids_int, b.bootstrap_room_ids_int, b.next_tokens)
+                for b in self._graph_ids.values()
             ),
             "uniform_blocks": 0 if self._blocks is None else self._blocks.device_bytes,
         }

@@ -42,7 +42,8 @@ class FixedBuffers:
     upload_staging: int
     token_history: int  # int32 [rows, columns] + int64 [rows]; 0 with both token checks off
     write_expectations: int  # int64 token + position per token; 0 without the write-input assert
-    graph_request_ids: int  # int64 rids + rooms per captured batch row; 0 without the oracle
+    graph_request_ids: int  # int64 rids + rooms, int32 next token per captured batch row; 0
+    # without the oracle
     uniform_blocks: int  # EAGLE: int64 lengths + starts per row, two block sizes; else 0
 
     @property
@@ -93,7 +94,8 @@ def fixed_buffers(
         upload_staging=UPLOAD_STAGING_WORDS * _INT64_BYTES,
         token_history=history,
         write_expectations=2 * write_expectation_tokens * _INT64_BYTES,
-        graph_request_ids=2 * graph_max_bs * _INT64_BYTES if graph_request_ids else 0,
+        graph_request_ids=(graph_max_bs * (2 * _INT64_BYTES + _INT32_BYTES)
+                           if graph_request_ids else 0),
         uniform_blocks=UNIFORM_BLOCK_SIZE_COUNT * 2 * _INT64_BYTES * uniform_block_rows(
             request_rows=request_rows, graph_max_bs=graph_max_bs
         ) if speculative else 0,
