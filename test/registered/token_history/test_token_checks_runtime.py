@@ -554,7 +554,7 @@ def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
             + UPLOAD_STAGING_WORDS * 8)
     history = 33 * 4103 * 4 + 33 * 8
     write_expectations = 16384 * 2 * 8
-    graph_ids = 256 * 2 * 8
+    graph_ids = 256 * (2 * 8 + 4)  # int64 rids + rooms, int32 next token per graph row
     for config, expected in (
         (CanaryConfig(mode=CanaryMode.LOG), base + 1024 * RING_ROW_FIELDS * 8),
         (token_config(write_input=False), base + 512 * RING_ROW_FIELDS * 8 + history),
