@@ -108,33 +108,44 @@ def counted_launches(monkeypatch):
     return calls
 
 
+class _CpuDecodeGraph:
+    """A model runner's canary with one decode graph captured through the adapter, replayed on
+    the CPU, and the canary's sampler."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.model_runner = with_canary(model_runner_stub())
+        self.graph_runner = SimpleNamespace(max_bs=MAX_BS, model_runner=self.model_runner)
+        self.static = _static_batch(ForwardMode.DECODE)
+        self._replay = _capture(self.graph_runner, self.static)
+        self.sampler = runner_of(self.model_runner).make_sampler()
+        self._monkeypatch = monkeypatch
+
+    def live(self, seq_lens: list[int]) -> ForwardBatch:
+        return _live_decode(self.model_runner, self._monkeypatch, seq_lens)
+
+    def replay(self, live: ForwardBatch) -> None:
+        _replay(self.graph_runner, self._replay, self.static, live)
+
+
 def test_a_replayed_decode_graph_gives_the_sampler_its_tokens(
     sampler_environment, monkeypatch, counted_launches,
 ) -> None:
-    model_runner = with_canary(model_runner_stub())
-    graph_runner = SimpleNamespace(max_bs=MAX_BS, model_runner=model_runner)
-    static = _static_batch(ForwardMode.DECODE)
-    replay = _capture(graph_runner, static)
-    sampler = runner_of(model_runner).make_sampler()
+    graph = _CpuDecodeGraph(monkeypatch)
     for seq_lens in ([5, 9, 3], [6, 10, 4]):  # two decode steps of one batch
-        live = _live_decode(model_runner, monkeypatch, seq_lens)
-        _replay(graph_runner, replay, static, live)
-        tokens = _sample(sampler, live)
+        live = graph.live(seq_lens)
+        graph.replay(live)
+        tokens = _sample(graph.sampler, live)
         assert tokens.dtype == torch.int32
         assert tokens.tolist() == _expected([s - 1 for s in seq_lens])
     assert counted_launches == [], "the sampler launched the oracle although the graph had"
 
 
 def test_the_taken_tokens_outlive_the_next_replay(sampler_environment, monkeypatch) -> None:
-    model_runner = with_canary(model_runner_stub())
-    graph_runner = SimpleNamespace(max_bs=MAX_BS, model_runner=model_runner)
-    static = _static_batch(ForwardMode.DECODE)
-    replay = _capture(graph_runner, static)
-    sampler = runner_of(model_runner).make_sampler()
-    first = _live_decode(model_runner, monkeypatch, [5, 9, 3])
-    _replay(graph_runner, replay, static, first)
-    first_tokens = _sample(sampler, first)
-    _replay(graph_runner, replay, static, _live_decode(model_runner, monkeypatch, [6, 10, 4]))
+    graph = _CpuDecodeGraph(monkeypatch)
+    first = graph.live([5, 9, 3])
+    graph.replay(first)
+    first_tokens = _sample(graph.sampler, first)
+    graph.replay(graph.live([6, 10, 4]))
     assert first_tokens.tolist() == _expected([4, 8, 2])
 
 
@@ -143,17 +154,13 @@ def test_an_offer_serves_its_own_batch_only_and_once(
 ) -> None:
     """Another batch's sampler call (a sampler delayed past the next replay, an eager forward)
     gets its own tokens from its own launch, and ends the offer."""
-    model_runner = with_canary(model_runner_stub())
-    graph_runner = SimpleNamespace(max_bs=MAX_BS, model_runner=model_runner)
-    static = _static_batch(ForwardMode.DECODE)
-    replay = _capture(graph_runner, static)
-    sampler = runner_of(model_runner).make_sampler()
-    replayed = _live_decode(model_runner, monkeypatch, [5, 9, 3])
-    _replay(graph_runner, replay, static, replayed)
-    eager = _live_decode(model_runner, monkeypatch, [20, 21, 22])
-    assert _sample(sampler, eager).tolist() == _expected([19, 20, 21])
+    graph = _CpuDecodeGraph(monkeypatch)
+    replayed = graph.live([5, 9, 3])
+    graph.replay(replayed)
+    eager = graph.live([20, 21, 22])
+    assert _sample(graph.sampler, eager).tolist() == _expected([19, 20, 21])
     assert len(counted_launches) == 1
-    assert _sample(sampler, replayed).tolist() == _expected([4, 8, 2])  # offer ended: launches
+    assert _sample(graph.sampler, replayed).tolist() == _expected([4, 8, 2])  # offer ended
     assert len(counted_launches) == 2
 
 
