@@ -35,6 +35,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     pack_token_position,
 )
 from sglang.jit_kernel.kv_canary.hashing import (
+    due_source_scalar,
     chain_term_scalar,
     fingerprint_columns,
     to_signed_i64,
@@ -273,11 +274,13 @@ def test_fingerprints_are_stored_by_post_and_verified_later(impl, device, real_d
     assert_history_records(sim, 1, fingerprints=True)
     sim.forward(launches, sim.decode_batch([1]))
     assert sim.violations() == []
+    # the source whose lane the partial verify reads at position 3 in step 2 (all: any source)
+    source = due_source_scalar(position=3, step=2, stride=1, num_sources=4)
     columns = fingerprint_columns(
-        slot=slots[3], words_per_row=SOURCE_WORDS[2], num_rows=sim.num_slots,
+        slot=slots[3], words_per_row=SOURCE_WORDS[source], num_rows=sim.num_slots,
         partial=real_data == "partial",
     )
-    sim.sources[2][slots[3], columns[-1]] ^= 1 << 9  # the last layer's K, a folded word
+    sim.sources[source][slots[3], columns[-1]] ^= 1 << 9  # a folded word
     sim.forward(launches, sim.decode_batch([1]))
     chain3 = chain_at(TOKENS_A, 3)
     # real data is verified after the forward only
@@ -291,7 +294,8 @@ def test_fingerprints_are_stored_by_post_and_verified_later(impl, device, real_d
 @pytest.mark.parametrize("offset", [1, 2])
 def test_a_flipped_word_in_any_source(impl, device, real_data, source, offset):
     """A flipped word of V (first layer) or of the last layer's K/V: always detected with
-    ``all``; with ``partial`` exactly when it lies in the slot's rotating 16 bytes."""
+    ``all``; with ``partial`` exactly when it lies in the slot's rotating 16 bytes of the source
+    due at its position in this forward (step 1, position 4: source 1)."""
     sim, launches = prefilled(impl, device, prompts=[(TOKENS_A, 6)], real_data=real_data,
                               num_sources=4)
     slot = sim.requests[1].slots[4]
@@ -302,12 +306,57 @@ def test_a_flipped_word_in_any_source(impl, device, real_data, source, offset):
     column = (partial_columns[0] + offset) % words
     sim.sources[source][slot, column] ^= 1 << 33
     sim.forward(launches, sim.decode_batch([1]))
-    detected = real_data == "all" or column in partial_columns
+    due = due_source_scalar(position=4, step=1, stride=1, num_sources=4)
+    detected = real_data == "all" or (column in partial_columns and source == due)
     chain4 = chain_at(TOKENS_A, 4)
     expected = [  # real data is verified after the forward only
         Violation(POST, Reason.VERIFY_REAL_KV, 1, slot, 4, TOKENS_A[4], -1, chain4, chain4, 1)
     ]
     assert sim.violations() == (expected if detected else [])
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_partial_reads_one_source_per_due_position_and_each_in_turn(impl, device, stride):
+    """``partial`` compares one lane per due prefix position and forward: a word flipped in
+    every source's window of one slot is reported in the first forward where the position is
+    due; restoring the due source's word silences that forward's report, and the flip of
+    source ``s`` is reported exactly in the forwards where ``s`` is due (one per source within
+    ``4 * stride`` forwards)."""
+    tokens = list(range(100, 108 + 4 * stride))
+    sim, launches = prefilled(impl, device, prompts=[(tokens, 6)], real_data="partial",
+                              num_sources=4, real_data_stride=stride)
+    position = 2
+    slot = sim.requests[1].slots[position]
+    for source in range(4):
+        columns = fingerprint_columns(slot=slot, words_per_row=SOURCE_WORDS[source],
+                                      num_rows=sim.num_slots, partial=True)
+        sim.sources[source][slot, columns[0]] ^= 1 << 40
+    reported_sources = []
+    for step in range(1, 1 + 4 * stride):
+        due = due_source_scalar(position=position, step=step, stride=stride, num_sources=4)
+        sim.consume()
+        sim.forward(launches, sim.decode_batch([1]))
+        assert [(r.position, r.reasons, r.step) for r in sim.violations()] == (
+            [] if due is None else [(position, Reason.VERIFY_REAL_KV, step)]
+        )
+        if due is not None:
+            reported_sources.append(due)
+    assert sorted(reported_sources) == [0, 1, 2, 3]
+
+
+def test_partial_ignores_a_flip_outside_the_due_lane(impl, device):
+    """Only the due source is read: a flip in another source of the slot is not seen in this
+    forward, and its word was not loaded (the lanes of the others are not compared)."""
+    sim, launches = prefilled(impl, device, prompts=[(TOKENS_A, 6)], real_data="partial",
+                              num_sources=4)
+    slot = sim.requests[1].slots[1]
+    due = due_source_scalar(position=1, step=1, stride=1, num_sources=4)
+    other = (due + 2) % 4
+    columns = fingerprint_columns(slot=slot, words_per_row=SOURCE_WORDS[other],
+                                  num_rows=sim.num_slots, partial=True)
+    sim.sources[other][slot, columns[1]] ^= 1 << 3
+    sim.forward(launches, sim.decode_batch([1]))
+    assert sim.violations() == []
 
 
 # ----------------------------------------------------------------------------- ring, counters

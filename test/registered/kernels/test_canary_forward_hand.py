@@ -33,7 +33,11 @@ from sglang.jit_kernel.kv_canary.consts import (
     Reason,
     pack_token_position,
 )
-from sglang.jit_kernel.kv_canary.hashing import chain_term_scalar, to_signed_i64
+from sglang.jit_kernel.kv_canary.hashing import (
+    chain_term_scalar,
+    due_source_scalar,
+    to_signed_i64,
+)
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=30, suite="kv-canary-cpu")
@@ -536,7 +540,8 @@ def test_a_real_data_stride_checks_each_prefix_slot_once_every_stride_forwards(i
     victim = sim.requests[1].slots[victim_position]
     sim.sources[1][victim, 0] ^= 1 << 7
     reported_at = []
-    for _ in range(stride):
+    # partial reads one of the 2 sources per due forward: source 1 is due once in 2 * stride
+    for _ in range(2 * stride):
         step = sim.counters()[COUNTER_STEP]  # the step of the next forward
         sim.forward(launches, sim.decode_batch([1]))
         rows = [(v.check, v.reasons, v.slot, v.position) for v in sim.violations()]
@@ -544,8 +549,10 @@ def test_a_real_data_stride_checks_each_prefix_slot_once_every_stride_forwards(i
         if rows:
             assert rows == [(POST, Reason.VERIFY_REAL_KV, victim, victim_position)]
             reported_at.append(step)
-    # exactly once in `stride` forwards: in the one whose step is due for that position
-    assert [(victim_position + step) % stride for step in reported_at] == [0]
+    # exactly once in `2 * stride` forwards: in the one whose step is due for that position
+    # with source 1
+    assert [due_source_scalar(position=victim_position, step=step, stride=stride, num_sources=2)
+            for step in reported_at] == [1]
 
 
 def test_counters_and_row_steps_follow_the_forwards(impl, device):

@@ -21,10 +21,15 @@ from sglang.jit_kernel.kv_canary.hashing import (
     chain_before_torch,
     chain_term_scalar,
     chain_term_torch,
+    due_source_scalar,
+    due_sources_torch,
     fingerprint_columns,
+    fingerprint_lane_bits,
     fingerprint_fold_torch,
     fingerprint_keys_torch,
     fingerprint_scalar,
+    lane_mask_scalar,
+    lane_masks_torch,
     mix64_scalar,
     mix64_torch,
     slot_fingerprint_scalar,
@@ -151,6 +156,58 @@ def test_fingerprint_sees_every_single_word_change_and_word_order():
     assert fingerprint_scalar(words=swapped) != base
     other_source = [(1, c, w) for _, c, w in triples[:8]] + triples[8:]
     assert fingerprint_scalar(words=other_source) != base
+
+
+@pytest.mark.parametrize("num_sources", [1, 2, 3, 4])
+def test_partial_fingerprints_keep_one_lane_per_source(num_sources):
+    """Lane ``s`` of a partial fingerprint is the top ``64 // L`` bits of source ``s``'s fold,
+    so a changed word of source ``s`` moves only lane ``s``, and the lane masks tile the bits
+    the lanes use."""
+    rng = random.Random(num_sources)
+    rows = [[[rng.randint(I64_MIN, I64_MAX) for _ in range(4)] for _ in range(6)]
+            for _ in range(num_sources)]
+    bits = fingerprint_lane_bits(num_sources)
+    masks = [lane_mask_scalar(source=s, num_sources=num_sources) for s in range(num_sources)]
+    assert [m & other for i, m in enumerate(masks) for other in masks[i + 1 :]] == [0] * (
+        num_sources * (num_sources - 1) // 2
+    )
+    slot = 3
+    base = to_signed_i64(slot_fingerprint_scalar(slot=slot, sources=rows, partial=True))
+    for source in range(num_sources):
+        columns = fingerprint_columns(slot=slot, words_per_row=4, num_rows=6, partial=True)
+        folded = fingerprint_scalar(words=[(source, c, rows[source][slot][c]) for c in columns])
+        assert (base & masks[source]) == to_signed_i64((folded >> (64 - bits)) << (source * bits))
+        changed = [[list(row) for row in source_rows] for source_rows in rows]
+        changed[source][slot][columns[1]] ^= 1 << 5
+        moved = base ^ to_signed_i64(
+            slot_fingerprint_scalar(slot=slot, sources=changed, partial=True)
+        )
+        assert moved & ~masks[source] == 0  # only this source's lane moves (if at all)
+    if num_sources == 1:  # one lane of 64 bits: the fold itself
+        columns = fingerprint_columns(slot=slot, words_per_row=4, num_rows=6, partial=True)
+        assert base == to_signed_i64(
+            fingerprint_scalar(words=[(0, c, rows[0][slot][c]) for c in columns])
+        )
+
+
+def test_due_sources_rotate_over_the_due_positions():
+    """Position ``p`` in step ``S`` is due when ``(p + S) % N == 0`` and then reads source
+    ``((p + S) // N) % L``: every source once in ``N * L`` consecutive forwards."""
+    for stride, num_sources in ((1, 4), (3, 4), (2, 2)):
+        for position in range(5):
+            due = [due_source_scalar(position=position, step=step, stride=stride,
+                                     num_sources=num_sources)
+                   for step in range(stride * num_sources)]
+            assert sorted(s for s in due if s is not None) == list(range(num_sources))
+            positions = torch.full((stride * num_sources,), position, dtype=torch.int64)
+            for step in range(stride * num_sources):
+                is_due, source = due_sources_torch(positions=positions[:1], step=step,
+                                                   stride=stride, num_sources=num_sources)
+                assert bool(is_due[0]) == (due[step] is not None)
+                assert due[step] is None or int(source[0]) == due[step]
+    assert lane_masks_torch(sources=torch.tensor([0, 3, 1]), num_sources=4).tolist() == [
+        0xFFFF, to_signed_i64(0xFFFF << 48), 0xFFFF << 16
+    ]
 
 
 def test_partial_columns_rotate_with_the_slot():

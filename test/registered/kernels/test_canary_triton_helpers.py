@@ -55,8 +55,8 @@ def _hash_kernel(
     slots = tl.load(slots_ptr + lanes)
     tl.store(mix_out_ptr + lanes, helpers.mix64(tokens))
     tl.store(term_out_ptr + lanes, helpers.chain_term(tokens, positions))
-    fingerprint = helpers.slot_fingerprint(
-        slots, lanes < N,
+    fingerprint = helpers.slot_fingerprint(  # every source (partial: every lane)
+        slots, lanes < N, slots * 0, lanes < N,
         src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
         src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
         NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,

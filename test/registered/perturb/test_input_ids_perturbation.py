@@ -68,7 +68,7 @@ def test_exactly_one_new_token_changes_to_another_valid_id_and_undo_restores_it(
         batch = _extend([0, 5, 8], [6, 0, 3])
         before = batch.input_ids.clone()
         fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
-                                    rng=random.Random(seed))
+                                    rng=random.Random(seed), step=0)
         changed = (batch.input_ids != before).nonzero().flatten().tolist()
         assert len(changed) == 1
         index = changed[0]
@@ -89,7 +89,7 @@ def test_the_choice_is_seeded_and_covers_every_written_token() -> None:
         picked = []
         for _ in range(300):
             batch = _extend([0, 5, 8], [2, 0, 3])
-            fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch), rng=rng)
+            fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch), rng=rng, step=0)
             picked.append((fault.row.row, fault.position))
         return picked
 
@@ -101,7 +101,7 @@ def test_the_choice_is_seeded_and_covers_every_written_token() -> None:
 def test_no_row_with_a_new_token_means_no_fault() -> None:
     batch = _extend([3, 4], [0, 0])
     assert InputIdsPerturbation(vocab_size=_VOCAB).inject(
-        forward_batch=batch, rows=live_rows(batch), rng=random.Random(0)) is None
+        forward_batch=batch, rows=live_rows(batch), rng=random.Random(0), step=0) is None
 
 
 def test_a_vocabulary_of_one_token_cannot_be_perturbed() -> None:
@@ -142,7 +142,7 @@ def test_a_replayed_decode_graph_consumes_the_perturbed_token() -> None:
     )
     batch = _decode([4, 9])
     fault = InputIdsPerturbation(vocab_size=_VOCAB).inject(
-        forward_batch=batch, rows=live_rows(batch), rng=random.Random(1))
+        forward_batch=batch, rows=live_rows(batch), rng=random.Random(1), step=0)
     perturbed = batch.input_ids.clone()
     buffers.populate_from_forward_batch(
         forward_batch=batch, raw_bs=2, raw_num_token=2, bs=4, seq_len_fill_value=1,

@@ -64,7 +64,7 @@ def test_seq_lens_adds_one_to_a_device_row_and_leaves_the_host_mirror() -> None:
     batch = batches[-1]
     device, host = batch.seq_lens.clone(), batch.seq_lens_cpu.clone()
     fault = SeqLensPerturbation().inject(forward_batch=batch, rows=live_rows(batch),
-                                         rng=random.Random(3))
+                                         rng=random.Random(3), step=0)
     delta = (batch.seq_lens - device).tolist()
     assert sorted(delta) == [0, 1] and delta[fault.row.row] == 1
     assert torch.equal(batch.seq_lens_cpu, host)
@@ -88,7 +88,7 @@ def test_foreign_prefix_points_the_whole_prefix_at_another_rows_prefix() -> None
     before = table.clone()
     perturbation = ForeignPrefixPerturbation(req_to_token=table, records=_records_of(server))
     fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
-                                rng=random.Random(0))
+                                rng=random.Random(0), step=0)
     # only the shorter row can take the other's prefix of its own length: r1 (prefix 3) reads
     # r0's positions 0..2
     source, target = (int(rp) for rp in batch.req_pool_indices)
@@ -113,7 +113,7 @@ def test_foreign_prefix_skips_rows_sharing_their_history() -> None:
     perturbation = ForeignPrefixPerturbation(req_to_token=table, records=records)
     for seed in range(8):
         assert perturbation.inject(forward_batch=batch, rows=live_rows(batch),
-                                   rng=random.Random(seed)) is None
+                                   rng=random.Random(seed), step=0) is None
     assert torch.equal(table, before)
 
 
@@ -124,7 +124,7 @@ def test_real_kv_post_forward_flips_a_slot_this_forward_wrote_and_keeps_it() -> 
     before = [view.clone() for view in views]
     perturbation = RealKvPostForwardPerturbation(kv_bytes=FingerprintedBytes(kv_pool=server.kv_pool))
     fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
-                                rng=random.Random(4))
+                                rng=random.Random(4), step=0)
     token_index = int(dict(p.split("=") for p in fault.detail.split())["token_index"])
     slot = int(batch.out_cache_loc[token_index])
     changed = [(view != old).nonzero().tolist() for view, old in zip(views, before)]

@@ -8,13 +8,18 @@ import sys
 import pytest
 import torch
 
+from sglang.jit_kernel.kv_canary.hashing import due_source_scalar
+from sglang.srt.kv_canary.config import RealDataMode
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.perturb.injector import FaultInjector
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import LiveRow, live_rows
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
 from sglang.srt.kv_canary.perturb.req_to_token import ReqToTokenPerturbation, distinct_positions
-from sglang.srt.kv_canary.runner.device_state import PARTIAL_BYTES_PER_SOURCE
+from sglang.srt.kv_canary.runner.device_state import (
+    PARTIAL_BYTES_PER_SOURCE,
+    real_data_sources,
+)
 from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest, SimulatedServer
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -81,7 +86,7 @@ def test_req_to_token_points_one_prefix_entry_at_another_requests_prefix_slot() 
     perturbation = ReqToTokenPerturbation(req_to_token=table)
     for seed in range(30):
         fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
-                                    rng=random.Random(seed))
+                                    rng=random.Random(seed), step=0)
         changed = (table != before).nonzero().tolist()
         assert len(changed) == 1
         (req_pool_idx, position), = changed
@@ -104,9 +109,9 @@ def test_req_to_token_needs_two_rows_with_a_prefix() -> None:
     server, batch = _decoding_server([5])
     perturbation = ReqToTokenPerturbation(req_to_token=server.req_to_token_pool.req_to_token)
     assert perturbation.inject(forward_batch=batch, rows=live_rows(batch),
-                               rng=random.Random(0)) is None
+                               rng=random.Random(0), step=0) is None
     rows = [LiveRow(row=0, prefix_len=1, rid="a"), LiveRow(row=1, prefix_len=1, rid="b")]
-    assert perturbation.inject(forward_batch=batch, rows=rows, rng=random.Random(0)) is None
+    assert perturbation.inject(forward_batch=batch, rows=rows, rng=random.Random(0), step=0) is None
 
 
 def _fingerprinted_bytes(server: SimulatedServer) -> dict[str, torch.Tensor]:
@@ -134,7 +139,7 @@ def test_real_kv_used_flips_one_fingerprinted_byte_of_a_live_prefix_slot() -> No
     buffers_hit = set()
     for seed in range(16):
         fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
-                                    rng=random.Random(seed))
+                                    rng=random.Random(seed), step=0)
         assert fault.position < fault.row.prefix_len
         slot = int(server.req_to_token_pool.req_to_token[
             batch.req_pool_indices[fault.row.row], fault.position])
@@ -152,6 +157,36 @@ def test_real_kv_used_flips_one_fingerprinted_byte_of_a_live_prefix_slot() -> No
         fault.undo()
         assert all(torch.equal(views[n], before[n]) for n in views)
     assert buffers_hit == set(views)  # K and V of both fingerprinted layers get chosen
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_with_partial_real_data_the_flip_lands_in_the_row_the_verify_reads(stride) -> None:
+    """``partial`` reads one fingerprinted row per due position and forward: the flip goes into
+    that row (when the position is due in the step), so the forward reports it."""
+    server, batch = _decoding_server([4, 6])
+    views = _fingerprinted_bytes(server)
+    names = list(views)  # K and V of the first layer, then of the last: the sources' order
+    before = {name: view.clone() for name, view in views.items()}
+    real = real_data_sources(kv_pool=server.kv_pool, real_data=RealDataMode.PARTIAL,
+                             verify_stride=stride)
+    perturbation = RealKvUsedPerturbation(
+        req_to_token=server.req_to_token_pool.req_to_token,
+        kv_bytes=FingerprintedBytes(kv_pool=server.kv_pool, real_data=real),
+    )
+    due_flips = 0
+    for seed in range(24):
+        step = 10 + seed
+        fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
+                                    rng=random.Random(seed), step=step)
+        name = fault.detail.removeprefix("buffer=")
+        due = due_source_scalar(position=fault.position, step=step, stride=stride,
+                                num_sources=len(names))
+        if due is not None:
+            assert name == names[due]
+            due_flips += 1
+        fault.undo()
+        assert all(torch.equal(views[n], before[n]) for n in views)
+    assert due_flips > 0
 
 
 def _injector(*, warmup: int, seed: int, prob: float, server: SimulatedServer) -> FaultInjector:

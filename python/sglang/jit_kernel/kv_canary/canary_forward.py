@@ -105,6 +105,7 @@ from sglang.jit_kernel.kv_canary.triton_helpers import (
     load_record_tail,
     load_req_to_token,
     ring_append,
+    lane_mask,
     slot_fingerprint,
     successor_chain,
     sum_1d,
@@ -244,8 +245,11 @@ def _verify_tile(
         folded = mapped
         if REAL_DATA_STRIDE > 1:
             folded = mapped & (((position + step) % REAL_DATA_STRIDE == 0) | new)
+        # partial: a due prefix position reads one source (its lane is compared), a new one
+        # every source (its whole fingerprint is stored)
+        due = (position + step) // REAL_DATA_STRIDE % NUM_SOURCES
         live = slot_fingerprint(
-            slot, folded,
+            slot, folded, due, new,
             src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
             src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
             NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
@@ -256,7 +260,10 @@ def _verify_tile(
             checked = checked & ~new
             store = mapped & new & stamped
             tl.store(records_ptr + slot * _RECORD_FIELDS + _FIELD_FINGERPRINT, live, mask=store)
-        reasons |= tl.where(checked & (fingerprint != live), _VERIFY_REAL_KV, 0)
+        differs = fingerprint ^ live
+        if PARTIAL:
+            differs &= lane_mask(due, NUM_SOURCES)
+        reasons |= tl.where(checked & (differs != 0), _VERIFY_REAL_KV, 0)
     expected_token = tl.full(position.shape, NO_TOKEN_C, dtype=tl.int64)
     if VERIFY_TOKEN:
         known_len = known_history_len(history_lens_ptr, history_rows, history_cols, rp, rp >= 0)

@@ -58,7 +58,8 @@ advances ``COUNTER_STEP`` itself and so cannot read it race-free):
    launch, plus real data (only here: the pre launch does not fold bytes) and: for ``p < P``
    ``VERIFY_REAL_KV`` (real data on, ``r.stamp != S + 1``) if ``r.fingerprint`` differs from
    the fingerprint of the slot's live bytes (only where ``(p + S) % verify_stride == 0``, see
-   :class:`~.kernel_inputs.RealDataSources`), ``VERIFY_OVERWRITTEN`` if ``r.stamp == S + 1`` (a
+   :class:`~.kernel_inputs.RealDataSources`; ``partial``: in the lane of the source due at
+   ``p``, :func:`~.hashing.due_source_scalar`), ``VERIFY_OVERWRITTEN`` if ``r.stamp == S + 1`` (a
    prefix slot was rewritten by this forward); for ``p >= P`` ``VERIFY_UNWRITTEN`` if ``r.stamp
    != S + 1`` (the position this forward wrote maps to a slot it did not write), and instead of
    checking the fingerprint, real data on and ``r.stamp == S + 1``:
@@ -100,7 +101,12 @@ from sglang.jit_kernel.kv_canary.consts import (
     Reason,
     pack_token_position,
 )
-from sglang.jit_kernel.kv_canary.hashing import chain_term_torch, to_signed_i64
+from sglang.jit_kernel.kv_canary.hashing import (
+    chain_term_torch,
+    due_sources_torch,
+    lane_masks_torch,
+    to_signed_i64,
+)
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     BatchLayout,
     CanaryBatchView,
@@ -241,9 +247,15 @@ def _verify_row(
     stamped = record.stamp == step + 1
     new = positions >= row.prefix
     if state.real_data is not None and phase is _POST:  # real data: after the forward only
+        real = state.real_data
         live_bytes = fingerprints(state, slots)
-        checked = ~stamped & ~new & ((positions + step) % state.real_data.verify_stride == 0)
-        reasons |= (checked & (record.fingerprint != live_bytes)) * int(Reason.VERIFY_REAL_KV)
+        due, source = due_sources_torch(positions=positions, step=step,
+                                        stride=real.verify_stride, num_sources=len(real.sources))
+        differs = record.fingerprint ^ live_bytes
+        if real.partial:  # only the due source's lane
+            differs &= lane_masks_torch(sources=source, num_sources=len(real.sources))
+        checked = ~stamped & ~new & due
+        reasons |= (checked & (differs != 0)) * int(Reason.VERIFY_REAL_KV)
     expected_token = torch.full_like(positions, NO_EXPECTED_TOKEN)
     if batch.verifies_tokens:
         history, known = history_tokens(batch, row.rp, positions)

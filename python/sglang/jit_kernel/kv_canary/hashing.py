@@ -11,14 +11,23 @@ also have numpy forms for the host (a request's owner chain at admission):
 - ``chain_after``: ``CHAIN_ANCHOR + sum(chain_term(t_q & TOKEN_MASK, q))`` over a history: the
   chain value of the position after it, which is also what ``owner_chains`` holds for a request
   whose KV cache holds exactly that history.
-- the fingerprint of a slot: XOR over real-data sources ``s`` and selected columns ``c`` of
-  ``mix64(word[s][slot, c] ^ fingerprint_key(s, c))`` with ``fingerprint_key(s, c) =
-  mix64(((s << 32) | c) ^ FINGERPRINT_SALT)`` (0 with no sources). ``all`` selects every column
-  of a source; ``partial`` selects the two columns ``c0, c0 + 1`` with ``c0 = 2 * (slot mod
-  (words_per_row // 2))``: 16 bytes per source, rotating over the row with the slot, so that
-  different heads and offsets are covered across slots. A slot outside a source's rows folds
-  zero words (and rotates as slot 0). Every term is a bijection of its word, so changing any
-  single selected word always changes the fingerprint.
+- the fingerprint of a slot. Source ``s`` (of ``L`` real-data sources) folds to ``v_s``, the
+  XOR over its selected columns ``c`` of ``mix64(word[s][slot, c] ^ fingerprint_key(s, c))``
+  with ``fingerprint_key(s, c) = mix64(((s << 32) | c) ^ FINGERPRINT_SALT)``. ``all`` selects
+  every column of a source and the fingerprint is the XOR of the ``v_s`` (0 with no sources):
+  every term is a bijection of its word, so changing any single word always changes it.
+  ``partial`` selects the two columns ``c0, c0 + 1`` with ``c0 = 2 * (slot mod (words_per_row
+  // 2))`` (16 bytes per source, rotating over the row with the slot, so that different heads
+  and offsets are covered across slots), and the fingerprint keeps one **lane** per source:
+  bits ``[s * W, (s + 1) * W)`` hold the top ``W = 64 // L`` bits of ``v_s`` (16 bits with
+  SGLang's four rows), so one source can be checked without reading the others (see
+  :func:`due_source_scalar`); a changed word goes unseen with probability ``2**-W``. A slot
+  outside a source's rows folds zero words (and rotates as slot 0).
+- the source a ``partial`` verify reads (:func:`due_source_scalar`): at prefix position ``p``
+  in the forward with step ``S`` and verify stride ``N``, the position is due when ``(p + S) %
+  N == 0``, and then only source ``((p + S) // N) % L`` is read and its lane compared: one
+  16-byte load per slot and forward instead of ``L``, every source of a slot in ``L`` of its
+  due forwards.
 
 All torch functions here take and return ``torch.int64`` tensors but compute with unsigned 64-bit
 semantics: right shifts are logical and multiplications wrap modulo 2**64 (two's complement int64
@@ -154,6 +163,32 @@ def fingerprint_columns(*, slot: int, words_per_row: int, num_rows: int, partial
     return range(first, first + 2)
 
 
+def fingerprint_lane_bits(num_sources: int) -> int:
+    """``W``: the bits of each source's lane in a ``partial`` fingerprint (``64 // num_sources``).
+
+    Raises:
+        ValueError: ``num_sources`` is not in ``[1, 64]``.
+    """
+    if not 1 <= num_sources <= 64:
+        raise ValueError(f"num_sources must be in [1, 64], got {num_sources}")
+    return 64 // num_sources
+
+
+def lane_mask_scalar(*, source: int, num_sources: int) -> int:
+    """The bits of source ``source``'s lane, as a signed int64."""
+    bits = fingerprint_lane_bits(num_sources)
+    return to_signed_i64(((1 << bits) - 1) << (source * bits))
+
+
+def due_source_scalar(*, position: int, step: int, stride: int, num_sources: int) -> int | None:
+    """The source whose lane a ``partial`` post verify checks at prefix ``position`` in the
+    forward with step ``step`` (verify stride ``stride``), or None when the position is not due
+    (see the module docstring)."""
+    if (position + step) % stride:
+        return None
+    return (position + step) // stride % num_sources
+
+
 def fingerprint_scalar(*, words: Iterable[tuple[int, int, int]]) -> int:
     """XOR of ``mix64(word ^ fingerprint_key(source, column))`` over ``(source, column, word)``
     triples (words as int64 or unsigned patterns); an unsigned int, 0 for no words."""
@@ -166,16 +201,23 @@ def fingerprint_scalar(*, words: Iterable[tuple[int, int, int]]) -> int:
 def slot_fingerprint_scalar(*, slot: int, sources: Sequence[Sequence[Sequence[int]]],
                             partial: bool) -> int:
     """Fingerprint of ``slot`` over real-data sources given as row lists (``sources[s][row]`` is
-    the list of int64 words of that row); an unsigned int."""
-    triples = []
+    the list of int64 words of that row); an unsigned int (lanes with ``partial``)."""
+    result = 0
     for source, rows in enumerate(sources):
         words_per_row = len(rows[0]) if rows else 0
         inside = 0 <= slot < len(rows)
         columns = fingerprint_columns(
             slot=slot, words_per_row=words_per_row, num_rows=len(rows), partial=partial
         )
-        triples += [(source, c, rows[slot][c] if inside else 0) for c in columns]
-    return fingerprint_scalar(words=triples)
+        folded = fingerprint_scalar(
+            words=[(source, c, rows[slot][c] if inside else 0) for c in columns]
+        )
+        if partial:
+            bits = fingerprint_lane_bits(len(sources))
+            result |= (folded >> (64 - bits)) << (source * bits)
+        else:
+            result ^= folded
+    return result
 
 
 # ----------------------------------------------------------------------------- torch (int64)
@@ -264,7 +306,8 @@ def slot_fingerprints_torch(
 ) -> torch.Tensor:
     """Fingerprints of ``slots`` (int64 ``[n]``) over real-data sources (int64 word views
     ``[num_rows, words_per_row]``, row = slot); int64 ``[n]``, bit-identical to
-    :func:`slot_fingerprint_scalar`. Slots outside a source's rows fold zero words.
+    :func:`slot_fingerprint_scalar` (lanes with ``partial``). Slots outside a source's rows fold
+    zero words.
 
     Graph-safe (gathers with clamped indices, no host sync); allocates temporaries.
     """
@@ -284,8 +327,29 @@ def slot_fingerprints_torch(
         gathered = words[rows[:, None], columns] if num_rows else torch.zeros_like(columns)
         gathered = torch.where(inside[:, None], gathered, 0)
         keys = fingerprint_keys_torch(source=source, columns=columns)
-        result ^= fingerprint_fold_torch(words=gathered, keys=keys)
+        folded = fingerprint_fold_torch(words=gathered, keys=keys)
+        if partial:  # the top W bits into lane `source` (the multiply wraps like a shift)
+            bits = fingerprint_lane_bits(len(sources))
+            top = folded if bits == 64 else logical_shift_right(folded, 64 - bits)
+            result |= top * (1 << (source * bits))
+        else:
+            result ^= folded
     return result
+
+
+def lane_masks_torch(*, sources: torch.Tensor, num_sources: int) -> torch.Tensor:
+    """:func:`lane_mask_scalar` of every source index in the int64 tensor ``sources``."""
+    masks = [lane_mask_scalar(source=s, num_sources=num_sources) for s in range(num_sources)]
+    return torch.tensor(masks, dtype=torch.int64, device=sources.device)[sources]
+
+
+def due_sources_torch(
+    *, positions: torch.Tensor, step: int, stride: int, num_sources: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`due_source_scalar` of every position of the int64 tensor ``positions``
+    (non-negative): ``(due, source)``, bool and int64 (``source`` is meaningful where due)."""
+    shifted = positions + step
+    return shifted % stride == 0, shifted // stride % num_sources
 
 
 def _xor_reduce_last_dim(x: torch.Tensor) -> torch.Tensor:

@@ -49,10 +49,12 @@ class RealDataSources:
     bytes), row = slot. Each row's words are contiguous; the row stride is arbitrary; sources may
     differ in ``words_per_row`` and ``num_kv_rows``. In SGLang: K and V of the first and of the
     last layer. ``partial``: fold 2 words (16 bytes) per source, rotating over the row with the
-    slot (needs ``words_per_row >= 2``); otherwise fold every word. ``verify_stride``: the post
-    launch checks the bytes of prefix position ``p`` only in forwards whose step ``S`` has
-    ``(p + S) % verify_stride == 0`` (1: every prefix slot in every forward); the new slots'
-    fingerprints are always stored, and the sweep checks every slot it is given.
+    slot (needs ``words_per_row >= 2``), into one lane per source; otherwise fold every word of
+    every source. ``verify_stride``: the post launch checks the bytes of prefix position ``p``
+    only in forwards whose step ``S`` has ``(p + S) % verify_stride == 0`` (1: every prefix slot
+    in every forward), and with ``partial`` only the lane of source ``((p + S) // verify_stride)
+    % len(sources)`` (one source read per slot); the new slots' fingerprints are always stored
+    whole, and the sweep checks every source of every slot it is given.
     """
 
     sources: tuple[torch.Tensor, ...]

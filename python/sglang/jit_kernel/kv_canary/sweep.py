@@ -106,8 +106,8 @@ def _sweep_kernel(
     reasons = check_token(reasons, token, expected_token)
     if NUM_SOURCES > 0:
         fingerprint, _ = load_record_tail(records_ptr, num_slots, slot, mapped)
-        live = slot_fingerprint(
-            slot, mapped,
+        live = slot_fingerprint(  # every source of every slot (partial: every lane)
+            slot, mapped, slot * 0, mapped,
             src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
             src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
             NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,

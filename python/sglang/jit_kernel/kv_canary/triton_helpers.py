@@ -181,9 +181,41 @@ def source_fingerprint(
 
 
 @triton.jit
+def source_lane(folded, SOURCE: tl.constexpr, NUM_SOURCES: tl.constexpr):
+    """The top ``W = 64 // NUM_SOURCES`` bits of int64 ``folded`` at lane ``SOURCE`` (bits
+    ``[SOURCE * W, (SOURCE + 1) * W)``); int64."""
+    top = folded.to(tl.uint64, bitcast=True) >> (64 - 64 // NUM_SOURCES)
+    return (top << (SOURCE * (64 // NUM_SOURCES))).to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def lane_mask(source, NUM_SOURCES: tl.constexpr):
+    """The bits of each lane ``source`` (int64 tensor) of a ``partial`` fingerprint; int64."""
+    ones = tl.full(source.shape, -1, dtype=tl.int64).to(tl.uint64, bitcast=True)
+    mask = (ones >> (64 - 64 // NUM_SOURCES)) << (source * (64 // NUM_SOURCES)).to(tl.uint64)
+    return mask.to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def _selected_lane(
+    words_ptr, num_rows, row_stride, slot, mask, due, every,
+    SOURCE: tl.constexpr, NUM_SOURCES: tl.constexpr, WORDS: tl.constexpr, WORD_CHUNK: tl.constexpr,
+):
+    """Lane ``SOURCE`` of a ``partial`` fingerprint where the source is selected (``every`` or
+    ``due == SOURCE``), else 0; only the selected elements load."""
+    selected = mask & (every | (due == SOURCE))
+    folded = source_fingerprint(
+        words_ptr, num_rows, row_stride, slot, selected, SOURCE, WORDS, True, WORD_CHUNK
+    )
+    return tl.where(selected, source_lane(folded, SOURCE, NUM_SOURCES), 0)
+
+
+@triton.jit
 def slot_fingerprint(
     slot,
     mask,
+    due,
+    every,
     src0_ptr,
     src0_rows,
     src0_stride,
@@ -205,8 +237,28 @@ def slot_fingerprint(
     WORD_CHUNK: tl.constexpr,
 ):
     """Fingerprint of the live KV bytes of int64 ``slot [N]`` over ``NUM_SOURCES`` (0..4)
-    real-data sources; int64 ``[N]`` (0 with no sources)."""
+    real-data sources; int64 ``[N]`` (0 with no sources).
+
+    ``PARTIAL``: the lanes of :func:`.hashing.slot_fingerprints_torch`, each source read only
+    where it is selected: where bool ``every [N]`` holds, or where int64 ``due [N]`` names it;
+    the lanes of sources not selected are 0. Otherwise every source is read where ``mask``
+    holds (``due`` and ``every`` unused).
+    """
     acc = tl.full(slot.shape, 0, dtype=tl.int64)
+    if PARTIAL:
+        if NUM_SOURCES > 0:
+            acc |= _selected_lane(src0_ptr, src0_rows, src0_stride, slot, mask, due, every,
+                                  0, NUM_SOURCES, WORDS0, WORD_CHUNK)
+        if NUM_SOURCES > 1:
+            acc |= _selected_lane(src1_ptr, src1_rows, src1_stride, slot, mask, due, every,
+                                  1, NUM_SOURCES, WORDS1, WORD_CHUNK)
+        if NUM_SOURCES > 2:
+            acc |= _selected_lane(src2_ptr, src2_rows, src2_stride, slot, mask, due, every,
+                                  2, NUM_SOURCES, WORDS2, WORD_CHUNK)
+        if NUM_SOURCES > 3:
+            acc |= _selected_lane(src3_ptr, src3_rows, src3_stride, slot, mask, due, every,
+                                  3, NUM_SOURCES, WORDS3, WORD_CHUNK)
+        return acc
     if NUM_SOURCES > 0:
         acc ^= source_fingerprint(
             src0_ptr, src0_rows, src0_stride, slot, mask, 0, WORDS0, PARTIAL, WORD_CHUNK

@@ -45,6 +45,8 @@ class Perturbation(Protocol):
     kind: str
 
     def inject(
-        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
+        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random,
+        step: int,
     ) -> InjectedFault | None:
-        """Corrupt state for this forward; None when the batch offers no valid target."""
+        """Corrupt state for the forward with step ``step``; None when the batch offers no
+        valid target."""

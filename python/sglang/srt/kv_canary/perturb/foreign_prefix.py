@@ -34,7 +34,8 @@ class ForeignPrefixPerturbation:
         self._records = records
 
     def inject(
-        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
+        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random,
+        step: int,
     ) -> InjectedFault | None:
         pairs = [
             (target, source)

@@ -93,7 +93,8 @@ class FaultInjector:
         rows = live_rows(forward_batch)
         faults = []
         for perturbation in firing:
-            fault = perturbation.inject(forward_batch=forward_batch, rows=rows, rng=self._rng)
+            fault = perturbation.inject(forward_batch=forward_batch, rows=rows, rng=self._rng,
+                                        step=step)
             if fault is not None:
                 logger.info(fault.log_line(step=step))
                 faults.append(fault)
@@ -108,7 +109,7 @@ def build_fault_injector(
     ``vocab_size`` is the served model's (input tokens stay valid ids when perturbed).
     """
     kv_bytes = (
-        FingerprintedBytes(kv_pool=kv_pool)
+        FingerprintedBytes(kv_pool=kv_pool, real_data=state.real_data)
         if config.real_kv_used_prob or config.real_kv_post_forward_prob
         or config.real_kv_unused_cache_prob
         else None

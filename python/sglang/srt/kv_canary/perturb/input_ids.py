@@ -76,7 +76,8 @@ class InputIdsPerturbation:
         self._vocab_size = vocab_size
 
     def inject(
-        self, *, forward_batch: ForwardBatch, rows: list[LiveRow], rng: random.Random
+        self, *, forward_batch: ForwardBatch, rows: list[LiveRow], rng: random.Random,
+        step: int,
     ) -> InjectedFault | None:
         picked = pick_new_token(forward_batch, rows, rng)
         if picked is None:

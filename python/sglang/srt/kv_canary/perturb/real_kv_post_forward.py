@@ -29,15 +29,18 @@ class RealKvPostForwardPerturbation:
         self._kv_bytes = kv_bytes
 
     def inject(
-        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
+        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random,
+        step: int,
     ) -> InjectedFault | None:
         picked = pick_new_token(forward_batch, rows, rng)
         if picked is None:
             return None
         row, offset, token_index = picked
         slot = forward_batch.out_cache_loc[token_index : token_index + 1]
-        name, _ = self._kv_bytes.flip(slot=slot, rng=rng)
+        position = row.prefix_len + offset
+        # the row the request's next forward reads there (partial), if it comes next
+        name, _ = self._kv_bytes.flip(slot=slot, rng=rng, due_at=(position, step + 1))
         return InjectedFault(
-            fault=self.kind, row=row, position=row.prefix_len + offset,
+            fault=self.kind, row=row, position=position,
             detail=f"buffer={name} token_index={token_index} persistent=1", undo=_keep,
         )

@@ -3,7 +3,9 @@
 Models corruption of cached K/V bytes that a request is about to read (a stray write, a bad
 transfer). The mapping and the record stay intact, so only the real-data fingerprint can see it
 (``verify_real_kv_hash``, with ``SGLANG_KV_CANARY_REAL_DATA=partial`` or ``all``); with real data
-off it must stay silent. Undone right after the forward.
+off it must stay silent. Undone right after the forward. With ``partial`` the byte is in the row
+this forward's verify reads at the position (see :mod:`.kv_bytes`), so it is reported in this
+forward whenever the position is due (always, with ``REAL_DATA_STRIDE=1``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class RealKvUsedPerturbation:
         self._kv_bytes = kv_bytes
 
     def inject(
-        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
+        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random,
+        step: int,
     ) -> InjectedFault | None:
         targets = [row for row in rows if row.prefix_len >= 1]
         if not targets:
@@ -37,7 +40,7 @@ class RealKvUsedPerturbation:
         position = rng.randrange(target.prefix_len)
         req_pool_index = forward_batch.req_pool_indices[target.row : target.row + 1].to(torch.int64)
         slot = self._req_to_token_flat.index_select(0, req_pool_index * self._row_len + position)
-        name, undo = self._kv_bytes.flip(slot=slot, rng=rng)
+        name, undo = self._kv_bytes.flip(slot=slot, rng=rng, due_at=(position, step))
         return InjectedFault(
             fault=self.kind, row=target, position=position, detail=f"buffer={name}", undo=undo
         )

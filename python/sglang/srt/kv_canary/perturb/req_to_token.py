@@ -48,7 +48,8 @@ class ReqToTokenPerturbation:
         return req_pool_index * self._row_len + position
 
     def inject(
-        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
+        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random,
+        step: int,
     ) -> InjectedFault | None:
         targets = [row for row in rows if row.prefix_len >= 1]
         if len(targets) < 2:

@@ -22,7 +22,8 @@ class SeqLensPerturbation:
     kind = "seq_lens"
 
     def inject(
-        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random
+        self, *, forward_batch: object, rows: list[LiveRow], rng: random.Random,
+        step: int,
     ) -> InjectedFault | None:
         if not rows:
             return None

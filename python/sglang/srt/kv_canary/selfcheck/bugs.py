@@ -48,7 +48,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sglang.jit_kernel.kv_canary.hashing import fingerprint_columns
+from sglang.jit_kernel.kv_canary.hashing import due_source_scalar, fingerprint_columns
 from sglang.srt.kv_canary.runner.device_state import fingerprinted_layers
 from sglang.srt.kv_canary.selfcheck.simulation import (
     DecodeSlot,
@@ -406,8 +406,9 @@ class LastForwardOverwrite(SeededBug):
 class KvBitFlip(SeededBug):
     """In the model's K/V store, after it wrote this forward's K/V: one bit of a live prefix
     slot's row in the last layer's V (:class:`KvBitFlipK`: K) buffer flips, in a byte inside
-    the slot's rotating 16-byte window that ``real_data=partial`` fingerprints (so ``partial``
-    covers it as well as ``all``). Each fault flips a different slot. Reported at the slot's
+    the slot's rotating 16-byte window that ``real_data=partial`` fingerprints, at a position
+    whose ``partial`` verify in this forward reads that row (so ``partial`` covers it as well as
+    ``all``). Each fault flips a different slot. Reported at the slot's
     position in a row of this forward: the same forward's post-launch ``verify_real_kv_hash``
     (silent with real data off)."""
 
@@ -423,18 +424,24 @@ class KvBitFlip(SeededBug):
     def after_kv_store(self, *, server: SimulatedServer) -> None:
         if not self.active(server=server) or not server.batch:
             return
+        pool = server.kv_pool
+        layers = fingerprinted_layers(pool)
+        layer = layers[-1]
+        # the source index of the flipped row (K, V per fingerprinted layer, in order): only
+        # positions whose partial verify in this forward reads that row (stride 1)
+        source = 2 * (len(layers) - 1) + (1 if self.buffer == "v" else 0)
         targets = [
             (request, position, slot)
             for request in self.untouched(requests=server.batch)
             for position in range(request.kv_len)
-            if (slot := _row_slot(server=server, request=request, position=position))
+            if due_source_scalar(position=position, step=server.forwards, stride=1,
+                                 num_sources=2 * len(layers)) == source
+            and (slot := _row_slot(server=server, request=request, position=position))
             and slot not in self._flipped
         ]
         if not targets:
             return
         request, position, slot = self.rng.choice(targets)
-        pool = server.kv_pool
-        layer = fingerprinted_layers(pool)[-1]
         buffer = (pool.v_buffer if self.buffer == "v" else pool.k_buffer)[layer]
         row_bytes = buffer.view(buffer.shape[0], -1).view(torch.uint8)
         byte = self.flip_byte(slot=slot, row_bytes=row_bytes.shape[1], num_rows=row_bytes.shape[0])
