@@ -26,8 +26,9 @@ on, each row's owner chain has been advanced past what its prefix chains to, so 
 reports one owner row per row (one atomic per write item; the ring is small, so the rows are
 counted, not stored). Post launches are timed on a consistent state and must report nothing.
 
-Usage: ``python benchmark/bench_canary_kernels.py [--no-reference]`` (needs CUDA; more than five
-minutes on an H200 with the references, most of it in them).
+Usage: ``python benchmark/bench_canary_kernels.py [--no-reference] [--no-sweep] [--scenarios
+'bs=64 prefix=8k,...']`` (needs CUDA; more than five minutes on an H200 with the references, most
+of it in them; ``--scenarios`` keeps the scenarios whose names contain one of the parts).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,13 +258,17 @@ def clone(state: CanaryDeviceState) -> CanaryDeviceState:
 # ----------------------------------------------------------------------------- bounds
 
 
-def slot_bytes(mode: str) -> int:
-    """Bytes a verify reads per slot: a req_to_token entry, the record, the real-data words, the
-    token-history entry."""
+def slot_bytes(mode: str, *, launch: str) -> int:
+    """Bytes a verify reads per slot: a req_to_token entry, the record, the real-data words (the
+    post launch: ``partial`` reads the 16 bytes of one source per due slot, ``all`` every row;
+    the sweep: every source; the pre launch none), the token-history entry."""
     real_data = real_data_of(mode)
-    record = 16 if real_data == "none" else RECORD_BYTES
-    real = {"none": 0, "partial": 16 * NUM_SOURCES, "all": ROW_WORDS * 8 * NUM_SOURCES}[real_data]
-    real //= stride_of(mode)
+    record = 16 if real_data == "none" or launch == "pre" else RECORD_BYTES
+    real = 0
+    if launch != "pre":
+        partial = 16 * (NUM_SOURCES if launch == "sweep" else 1)
+        real = {"none": 0, "partial": partial, "all": ROW_WORDS * 8 * NUM_SOURCES}[real_data]
+        real //= stride_of(mode)
     history = HISTORY_BYTES if mode.endswith("+tokens") else 0
     return REQ_TO_TOKEN_BYTES + record + real + history
 
@@ -271,10 +277,10 @@ def launch_bytes(scenario: Scenario, mode: str, launch: str) -> int:
     rows, new = scenario.bs, scenario.new
     if launch == "pre":
         expected = EXPECTED_INPUT_BYTES if mode.endswith("+tokens") else 0
-        return rows * scenario.prefix * slot_bytes(mode) + rows * new * (
+        return rows * scenario.prefix * slot_bytes(mode, launch=launch) + rows * new * (
             TOKEN_INPUT_BYTES + RECORD_BYTES + expected
         )
-    return rows * (scenario.prefix + new) * slot_bytes(mode)
+    return rows * (scenario.prefix + new) * slot_bytes(mode, launch=launch)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -333,8 +339,9 @@ def time_launches(pool: Pool, mode: str, bandwidth: float, *, reference_timed: b
     return lines
 
 
-def time_sweep(bandwidth: float, *, reference_timed: bool) -> list[str]:
-    """The sweep over ``SWEEP_ENTRIES`` slots of one long clean history."""
+def time_sweep(bandwidth: float, *, reference_timed: bool) -> Iterator[str]:
+    """The sweep over ``SWEEP_ENTRIES`` slots of one long clean history (a line per mode, as
+    each is timed)."""
     pool = build_pool(Scenario(name="sweep", layout=BatchLayout.EXTEND, bs=1,
                                prefix=SWEEP_ENTRIES, new=0))
     slots = pool.req_to_token[1].to(torch.int64)
@@ -342,7 +349,6 @@ def time_sweep(bandwidth: float, *, reference_timed: bool) -> list[str]:
     positions = torch.arange(SWEEP_ENTRIES, device=DEVICE)
     tokens = torch.full_like(slots, -1)
     entries = SweepEntries(slots=slots, prev_slots=prev_slots, positions=positions, tokens=tokens)
-    lines = []
     for mode in ("none", "partial", "all"):  # the sweep has no token checks
         state = state_of(pool, mode)
         eager = event_time_us(fn=lambda: sweep.launch_sweep(state=state, entries=entries)).median
@@ -353,21 +359,31 @@ def time_sweep(bandwidth: float, *, reference_timed: bool) -> list[str]:
                             torch.cuda.synchronize()),
                 repeats=1,
             ).median
-        bound = SWEEP_ENTRIES * (32 + slot_bytes(mode) - REQ_TO_TOKEN_BYTES) / bandwidth * 1e6
+        bound = SWEEP_ENTRIES * (32 + slot_bytes(mode, launch="sweep") - REQ_TO_TOKEN_BYTES
+                                 ) / bandwidth * 1e6
         violations = int(state.counters[COUNTER_VIOLATIONS])
-        lines.append(
+        yield (
             f"{'sweep 1M entries':28} {mode:14} {'sweep':5} {eager:9.1f} {'-':>9} {bound:9.2f} "
             f"{reference_us:11.0f} {_ratio(eager, bound)} {_ratio(reference_us, eager)}"
             + (f"  (unexpected: {violations} violation rows)" if violations else "")
         )
-    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-reference", action="store_true",
                         help="do not time the torch references (their column shows 0)")
-    reference_timed = not parser.parse_args().no_reference
+    parser.add_argument("--scenarios", default="",
+                        help="comma-separated parts of scenario names to time (default: all), "
+                        "e.g. 'bs=64 prefix=8k,bs=1 prefix=32k'")
+    parser.add_argument("--no-sweep", action="store_true", help="do not time the sweep")
+    args = parser.parse_args()
+    reference_timed = not args.no_reference
+    wanted = [part.strip() for part in args.scenarios.split(",") if part.strip()]
+    scenarios = [s for s in SCENARIOS if not wanted or any(w in s.name for w in wanted)]
+    if not scenarios:
+        parser.error(f"--scenarios {args.scenarios!r} matches none of: "
+                     + "; ".join(s.name for s in SCENARIOS))
     torch.manual_seed(0)
     properties = torch.cuda.get_device_properties(0)
     bandwidth = copy_bandwidth_bytes_per_s()
@@ -386,9 +402,10 @@ def main() -> None:
     print("-" * len(header))
     # the sweep first: the scenarios' torch references take minutes, and a run cut short by a
     # time limit should still have printed the sweep's line
-    for line in time_sweep(bandwidth, reference_timed=reference_timed):
-        print(line, flush=True)
-    for scenario in SCENARIOS:
+    if not args.no_sweep:
+        for line in time_sweep(bandwidth, reference_timed=reference_timed):
+            print(line, flush=True)
+    for scenario in scenarios:
         pool = build_pool(scenario)
         for mode in MODES:
             for line in time_launches(pool, mode, bandwidth, reference_timed=reference_timed):

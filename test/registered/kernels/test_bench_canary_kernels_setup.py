@@ -62,5 +62,18 @@ def test_the_tokens_mode_runs_the_token_checks(bench) -> None:
         pool.scenario, "partial", "pre")
 
 
+@pytest.mark.parametrize("bench", ["cpu"], indirect=True)
+def test_the_bound_counts_what_each_launch_reads(bench) -> None:
+    """Per verified slot: the pre launch reads no real data; the post launch with ``partial``
+    the 16 bytes of the one due source; the sweep every source's 16 bytes."""
+    entry_and_record = bench.REQ_TO_TOKEN_BYTES + bench.RECORD_BYTES
+    assert bench.slot_bytes("partial", launch="pre") == bench.slot_bytes("none", launch="pre")
+    assert bench.slot_bytes("partial", launch="post") == entry_and_record + 16
+    assert bench.slot_bytes("partial/4+tokens", launch="post") == (
+        entry_and_record + 16 // 4 + bench.HISTORY_BYTES
+    )
+    assert bench.slot_bytes("partial", launch="sweep") == entry_and_record + 16 * bench.NUM_SOURCES
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

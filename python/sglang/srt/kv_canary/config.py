@@ -45,7 +45,8 @@ class RealDataMode(enum.Enum):
     the last layer)."""
 
     NONE = "none"
-    PARTIAL = "partial"  # 16 bytes of each of the four rows, at an offset rotating with the slot
+    PARTIAL = "partial"  # 16 bytes of each of the four rows, at an offset rotating with the slot;
+    # a verify reads one row per prefix slot (see hashing.due_source_scalar)
     ALL = "all"  # every byte of the four rows
 
 
@@ -289,14 +290,16 @@ KNOBS: tuple[Knob, ...] = (
     Knob(suffix="REAL_DATA", field="real_data", parse=_enum_parser(RealDataMode),
          default="none", allowed="none, partial, all",
          meaning="fingerprint of the real K/V bytes per slot, K and V of the first and last "
-                 "layer (partial: 16 bytes of each, rotating with the slot)",
+                 "layer (partial: 16 bytes of each, rotating with the slot; the post-forward "
+                 "verify reads one of the rows per prefix slot, rotating with position and step)",
          off_value="none", no_effect=_needs_canary),
     Knob(suffix="REAL_DATA_STRIDE", field="real_data_stride",
          parse=_int_parser(minimum=1, maximum=1 << 20), default="1",
          allowed="integer in [1, 1048576]",
          meaning="the post-forward verify checks the real bytes of a request's prefix position p "
                  "in the forwards whose step s has (p + s) % N == 0: each prefix slot every N "
-                 "forwards, at 1/N of the cost (1: every slot in every forward)",
+                 "forwards, at 1/N of the cost (1: every slot in every forward; partial reads the "
+                 "slot's row number (p + s) / N modulo its 4 rows)",
          off_value="1", no_effect=_needs_real_data),
     Knob(suffix="SWEEP_INTERVAL", field="sweep_interval", parse=_int_parser(minimum=0),
          default="0", allowed="integer >= 0",
