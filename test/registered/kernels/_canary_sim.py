@@ -86,6 +86,7 @@ TRITON_MODULES = (
     f"{_PACKAGE}.hash_oracle",
     f"{_PACKAGE}.admission_owner",
     f"{_PACKAGE}.accepted_owner",
+    f"{_PACKAGE}.append_history",
 )
 
 
@@ -130,6 +131,13 @@ def accepted_owner_impl(impl: str) -> ModuleType:
     if impl == "reference":
         return importlib.import_module(f"{_PACKAGE}.accepted_owner_ref")
     return import_triton_modules()["accepted_owner"]
+
+
+def append_history_impl(impl: str) -> ModuleType:
+    """Module with ``launch_append_history_tokens`` of ``impl``."""
+    if impl == "reference":
+        return importlib.import_module(f"{_PACKAGE}.append_history_ref")
+    return import_triton_modules()["append_history"]
 
 
 def sweep_impl(impl: str) -> ModuleType:

@@ -110,13 +110,16 @@ class SimulatedSchedule:
 class SyncedHistory:
     """The bookkeeping and the device history of one pool, driven as the model runner's canary
     drives them: :meth:`prepare` at ``ForwardBatch.init_new``, :meth:`upload` before the forward
-    (the packed host buffer copied to the device, its history section scattered, then the
-    bookkeeping committed)."""
+    (the packed host buffer copied to the device, its history section scattered, or, for a
+    unit append, applied from the device copy by ``append``, then the bookkeeping committed).
+    ``unit_appends`` counts the uploads applied by ``append``."""
 
     def __init__(self, *, incremental: bool, rows: int, width: int, device: str,
-                 scatter: Callable[..., None]) -> None:
+                 scatter: Callable[..., None], append: Callable[..., None]) -> None:
         self.incremental = incremental
         self.device = device
+        self.append = append
+        self.unit_appends = 0
         self.rows = RequestRows(num_rows=rows, token_history=True, owner_chains=False,
                                 pin_memory=device == "cuda", incremental=incremental)
         self.history = TokenHistory(num_rows=rows, max_context_len=width, device=device,
@@ -129,7 +132,12 @@ class SyncedHistory:
         device_packed = updates.packed.to(self.device, non_blocking=True, copy=True)
         _, section, owners, _ = updates.sections_on(device_packed)
         assert owners is None  # owner chains are not kept here
-        self.history.upload(section)
+        if updates.unit_append:
+            self.unit_appends += 1
+            self.append(upload=device_packed, max_rows=section.req_pool_indices.shape[0],
+                        pool_out=self.history.tokens, history_lens_out=self.history.lens)
+        else:
+            self.history.upload(section)
         self.rows.commit(updates)
 
     @property

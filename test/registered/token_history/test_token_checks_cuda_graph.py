@@ -7,7 +7,8 @@ driven through its events as SGLang drives it: its in-forward part is captured o
 (``capture_decode_graph``), over static decode buffers padded like SGLang's decode graph, and
 then replayed step after step (``run_forward`` around ``on_decode_replay`` and the replay) while
 requests decode, finish and are replaced (row reuse), the history being uploaded outside the
-graph before each replay. One replay consumes a wrong input token (what the ``input_ids``
+graph before each replay (a decode step's one token per row is then appended by the launch
+captured in the graph before the pre launch). One replay consumes a wrong input token (what the ``input_ids``
 perturbation does): the record of that slot then holds the wrong token, consistently, and
 
 * with the write-input assert, the same replay reports ``write_token`` (the oracle's token,
@@ -257,6 +258,35 @@ def test_a_wrong_token_consumed_in_a_replayed_graph_is_caught(write_input: bool)
         ]
     else:
         assert write == []
+
+
+def test_replayed_decode_steps_append_the_history_inside_the_graph() -> None:
+    """A decode step's one token per row reaches the device history through the append
+    captured before the pre launch: no scatter runs for those replays, the history equals the
+    host's after every replay, and the graph's padded rows leave pool row 0 empty."""
+    harness = _Harness(write_input=False)
+    a, b, c = _request("a", 1, 9), _request("b", 2, 5), _request("c", 3, 12)
+    harness.prefill([a, b, c])
+    graph = _DecodeGraph(harness)
+    history = harness.runner.token_history
+    scatters = []
+    scatter = history.upload
+
+    def counting_scatter(section) -> None:
+        scatters.append(section)
+        scatter(section)
+
+    history.upload = counting_scatter
+    for _ in range(4):
+        graph.replay([a, b, c])  # 3 live rows in a graph of 4
+        torch.cuda.synchronize()
+        for req in (a, b, c):
+            known = req.origin_input_ids + req.output_ids[:-1]  # the upload predates the last
+            assert history.lens[req.req_pool_idx].item() == len(known)
+            assert history.tokens[req.req_pool_idx, : len(known)].tolist() == known
+    assert scatters == []
+    assert history.lens[0].item() == 0 and not history.tokens[0].any()
+    assert harness.violations() == []
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
   ``init_new``; applied by SGLang's HookRegistry to the real classmethod (``batch`` as a keyword
   too).
 * ``run_forward`` uploads the history before the forward (a new owner's after the model is
-  enqueued, before the post launch); the in-forward part (what graph capture records and
-  replays) never does, and reads only the persistent history tensors.
+  enqueued, before the post launch); a decode step's one token per row is appended by the
+  in-forward part (what graph capture records and replays) from the uploaded area, never from
+  a batch's own carrier, and the kernels read only the persistent history tensors.
 * Verify-token reports a slot holding a token the request never had; the write-input assert
   compares prompt tokens with the request's tokens sent with the batch and generated tokens
   (also in MIXED batches) with the oracle; the history alone (verify-token off) is only the
@@ -163,8 +164,10 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
     assert history.req_pool_indices.tolist() == [1, 2]
     assert history.req_all_ids_lens.tolist() == [0, 0]
     assert history.req_all_ids_flat.tolist() == []
-    assert extend.req_all_ids_flat is history.req_all_ids_flat  # the public views
-    assert extend.req_all_ids_lens is history.req_all_ids_lens
+    for public, section in ((extend.req_all_ids_flat, history.req_all_ids_flat),
+                            (extend.req_all_ids_lens, history.req_all_ids_lens)):
+        # the public views: the same words of the host upload buffer as the sections
+        assert public.data_ptr() == section.data_ptr() and torch.equal(public, section)
     assert [d.row for d in inputs.row_updates.deferred] == [1, 2]
     assert inputs.prompt_lens.tolist() == [3, 2]
     # the write-input assert's prompt tokens: positions 0-2 of a, 1 of b (2 is generated)
@@ -297,9 +300,10 @@ def _recording(kernels: CanaryKernels, views: list) -> CanaryKernels:
     return dataclasses.replace(kernels, pre_forward=pre_forward)
 
 
-def test_the_in_forward_part_never_refreshes_the_history() -> None:
+def test_the_in_forward_part_never_refreshes_the_history_from_the_batch() -> None:
     """What graph capture records (and replays) is the wrapped ``model.forward``: it reads the
-    persistent history tensors and never scatters into them."""
+    persistent history tensors and never the batch's own row updates (a decode step's append
+    applies only what ``run_forward`` uploaded: here nothing)."""
     views = []
     server, runner = token_check_server(token_config(write_input=False),
                                         kernels=_recording(KERNELS, views))
@@ -324,6 +328,54 @@ def test_the_in_forward_part_never_refreshes_the_history() -> None:
     assert view.token_history.data_ptr() == history.tokens.data_ptr()
     assert view.token_history_lens.data_ptr() == history.lens.data_ptr()
     assert view.verify_token and view.expected_input_ids is None
+
+
+def _counting(kernels: CanaryKernels, calls: dict[str, int]) -> CanaryKernels:
+    """``kernels`` whose history scatter and append count their calls in ``calls``."""
+
+    def counted(name: str, launch):
+        def launch_and_count(**kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            launch(**kwargs)
+
+        return launch_and_count
+
+    return dataclasses.replace(
+        kernels,
+        scatter_req_token_ids=counted("scatter", kernels.scatter_req_token_ids),
+        append_history_tokens=counted("append", kernels.append_history_tokens),
+    )
+
+
+def test_decode_steps_append_one_token_per_row_and_other_forwards_scatter() -> None:
+    """A decode step whose rows each add one token is applied by the append launch before the
+    pre launch (what decode graphs capture), not by the scatter; a step that brings a whole
+    history (a new row) or several tokens for a row is scattered. The history stays exact."""
+    calls: dict[str, int] = {}
+    server, runner = token_check_server(token_config(write_input=False),
+                                        kernels=_counting(KERNELS, calls))
+    a, b = _request(server, "a", _prompt(1, 6)), _request(server, "b", _prompt(2, 5))
+    server.extend([(a, 6), (b, 5)])
+    # the rows reset before the model, the new owners' whole histories after it (deferred)
+    assert calls == {"scatter": 2}
+
+    def assert_exact(*requests: SimulatedRequest) -> None:
+        for r in requests:
+            known = r.tokens[:-1]  # the last decode's upload predates the token it sampled
+            assert runner.token_history.lens[r.req_pool_idx].item() == len(known)
+            assert runner.token_history.tokens[r.req_pool_idx, : len(known)].tolist() == known
+
+    for step in range(1, 5):
+        server.decode([a, b])
+        assert calls == {"scatter": 2, "append": step}
+        assert_exact(a, b)
+    c = _request(server, "c", _prompt(3, 4))
+    server.extend([(c, 4)], decoding=[a, b])  # MIXED: c's whole history, a and b one token
+    assert calls == {"scatter": 4, "append": 4}  # a and b's before the model, c's after it
+    server.decode([a, b, c])
+    assert calls == {"scatter": 4, "append": 5}
+    assert_exact(a, b, c)
+    assert runner._pending_unit_append == 0
 
 
 def test_a_live_batch_without_row_updates_fails_loudly() -> None:
@@ -549,9 +601,9 @@ def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
     assert max_tokens_per_forward(server_args, max_running_requests=64) == 16384
 
     # padding record, counters, owner chains (33 rows), the seq_lens mirror (max(33 request
-    # rows, 256 graph rows)), upload staging
+    # rows, 256 graph rows)), upload staging and its one-word header
     base = (1 * RECORD_BYTES + NUM_COUNTERS * 8 + 33 * 8 + 256 * 8
-            + UPLOAD_STAGING_WORDS * 8)
+            + (1 + UPLOAD_STAGING_WORDS) * 8)
     history = 33 * 4103 * 4 + 33 * 8
     write_expectations = 16384 * 2 * 8
     graph_ids = 256 * (2 * 8 + 4)  # int64 rids + rooms, int32 next token per graph row

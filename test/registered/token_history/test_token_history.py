@@ -17,6 +17,7 @@ interpret_kernels_without_cuda()
 
 from _history_schedule import FakeReq, SimulatedSchedule, SyncedHistory  # noqa: E402
 
+from sglang.jit_kernel.kv_canary import append_history, append_history_ref  # noqa: E402
 from sglang.jit_kernel.kv_canary.hashing import chain_after_scalar  # noqa: E402
 from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req_token_ids_kernel  # noqa: E402
 from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (  # noqa: E402
@@ -45,9 +46,10 @@ def _req(rid: str, prompt: list[int], outputs: list[int], row: int) -> FakeReq:
 
 
 def _synced(*, incremental: bool, rows: int = 6, width: int = 16,
-            scatter=scatter_req_token_ids_torch_reference) -> SyncedHistory:
+            scatter=scatter_req_token_ids_torch_reference,
+            append=append_history_ref.launch_append_history_tokens) -> SyncedHistory:
     return SyncedHistory(incremental=incremental, rows=rows, width=width, device=_DEVICE,
-                         scatter=scatter)
+                         scatter=scatter, append=append)
 
 
 def _flat(updates: RowUpdates) -> list[int]:
@@ -60,21 +62,53 @@ def test_full_updates_layout() -> None:
                        incremental=False)
     updates = rows.prepare(reqs=reqs, prefix_lens=[0, 0, 0], seq_lens=[4, 1, 2])
     assert updates.seq_lens.values.tolist() == [4, 1, 2]
-    assert updates.packed[:3].tolist() == [4, 1, 2]  # the seq_lens mirror comes first
+    # the header (0: not one token per row), then the seq_lens mirror
+    assert updates.packed[:4].tolist() == [0, 4, 1, 2] and not updates.unit_append
     history = updates.token_history
     assert history.req_pool_indices.tolist() == [3, 1, 2]
     assert history.req_all_ids_lens.tolist() == [4, 0, 2]
     assert history.offsets.tolist() == [0, 4, 4, 6]
     assert history.req_all_ids_flat.tolist() == [1, 2, 3, 4, 9, 8]
     assert updates.packed.dtype == torch.int64 and updates.packed.device.type == "cpu"
-    # one buffer (one host-to-device copy): seq_lens (3), then rows, lengths, offsets, tokens
-    assert updates.packed.shape == (3 + 3 * 3 + 1 + 6,)
+    # one buffer (one host-to-device copy): header, seq_lens (3), rows, lengths, offsets, tokens
+    assert updates.packed.shape == (1 + 3 + 3 * 3 + 1 + 6,)
     seq_lens, history_view, owners, admissions = updates.sections_on(updates.packed.clone())
     assert seq_lens.values.tolist() == [4, 1, 2]
     assert history_view.req_all_ids_flat.tolist() == [1, 2, 3, 4, 9, 8]
     assert owners is None and admissions is None
     assert updates.owners is None
     assert updates.commit_rows == (3, 1, 2) and updates.commit_history_lens == (4, 0, 2)
+
+
+def test_a_decode_step_s_upload_says_one_token_per_row_in_its_header() -> None:
+    """The header holds the row count exactly when every row sends one token and the seq_lens
+    section has a word per row: the layout the append reads from the device upload area."""
+    rows = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False)
+    a, b = _req("a", [1, 2, 3], [4], row=3), _req("b", [5], [6], row=1)
+    first = rows.prepare(reqs=[a, b], prefix_lens=[0, 0], seq_lens=[4, 2])
+    assert not first.unit_append and first.packed[0].item() == 0  # whole histories
+    rows.commit(first)
+    a.output_ids.append(7)
+    b.output_ids.append(8)
+    step = rows.prepare(reqs=[a, b], prefix_lens=[4, 2], seq_lens=[5, 3])
+    assert step.unit_append
+    n = 2  # header, seq_lens, rows, history lengths, offsets, tokens
+    assert step.packed.tolist() == [n, 5, 3, 3, 1, 5, 3, 0, 1, 2, 7, 8]
+    assert step.packed[1 + n : 1 + 2 * n].tolist() == [3, 1]  # where the append reads rows,
+    assert step.packed[1 + 2 * n : 1 + 3 * n].tolist() == [5, 3]  # lengths
+    assert step.packed[2 + 4 * n : 2 + 5 * n].tolist() == [7, 8]  # and tokens
+    rows.commit(step)
+    a.output_ids += [9, 10]
+    b.output_ids.append(11)
+    two = rows.prepare(reqs=[a, b], prefix_lens=[5, 3], seq_lens=[7, 4])
+    assert not two.unit_append and two.packed[0].item() == 0  # a row sends two tokens
+
+    deferring = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False)
+    c = _req("c", [5], [], row=2)  # a one-token history, admitted by an extend
+    reset = deferring.prepare(reqs=[c], prefix_lens=[0], seq_lens=[1], defer_new_owners=True)
+    assert not reset.unit_append
+    deferred = deferring.prepare_deferred(reset.deferred)
+    assert not deferred.unit_append and deferred.packed[0].item() == 0  # no seq_lens section
 
 
 @pytest.mark.parametrize("token_history", [True, False], ids=["with-history", "chains-only"])
@@ -278,11 +312,12 @@ def _assert_history_holds(synced: SyncedHistory, batch: list[FakeReq]) -> None:
         assert synced.tokens[req.req_pool_idx, : len(kept)].tolist() == kept, req.rid
 
 
-def test_incremental_and_full_give_identical_histories_over_a_schedule() -> None:
+@pytest.mark.parametrize("steady", [False, True], ids=["mixed", "mostly-decode"])
+def test_incremental_and_full_give_identical_histories_over_a_schedule(steady: bool) -> None:
     rows, width = 9, 48
     full = _synced(incremental=False, rows=rows, width=width)
     incremental = _synced(incremental=True, rows=rows, width=width)
-    schedule = SimulatedSchedule(seed=11, pool_rows=rows, max_prompt_len=56)
+    schedule = SimulatedSchedule(seed=11, pool_rows=rows, max_prompt_len=56, steady=steady)
     tokens_moved = {False: 0, True: 0}
     for step, batch in enumerate(schedule.batches(70)):
         if step % 9 == 4:  # updates that are never uploaded must not leave a gap
@@ -296,6 +331,8 @@ def test_incremental_and_full_give_identical_histories_over_a_schedule() -> None
         _assert_history_holds(incremental, batch)
     assert full.lens[0].item() == 0 and not full.tokens[0].any()  # padding row
     assert tokens_moved[True] * 3 < tokens_moved[False]
+    if steady:  # decode steps: one token per row, appended
+        assert incremental.unit_appends > 30, incremental.unit_appends
 
 
 def test_valid_lengths_are_kept_per_pool_row() -> None:
@@ -305,13 +342,17 @@ def test_valid_lengths_are_kept_per_pool_row() -> None:
     assert synced.lens.tolist() == [0, 0, 3, 0, 2, 0]  # row 0 (padding) stays 0
 
 
-def test_the_torch_reference_scatter_can_stand_in_for_the_kernel() -> None:
-    for scatter in (scatter_req_token_ids_torch_reference, launch_scatter_req_token_ids_kernel):
-        synced = _synced(incremental=True, rows=4, width=8, scatter=scatter)
+def test_the_torch_references_can_stand_in_for_the_kernels() -> None:
+    for scatter, append in (
+        (scatter_req_token_ids_torch_reference, append_history_ref.launch_append_history_tokens),
+        (launch_scatter_req_token_ids_kernel, append_history.launch_append_history_tokens),
+    ):
+        synced = _synced(incremental=True, rows=4, width=8, scatter=scatter, append=append)
         req = _req("a", [7, 8], [9], row=3)
-        synced.upload(synced.prepare([req]))
+        synced.upload(synced.prepare([req]))  # a whole history: scattered
         req.output_ids.append(10)
-        synced.upload(synced.prepare([req]))
+        synced.upload(synced.prepare([req]))  # one token: appended
+        assert synced.unit_appends == 1
         assert synced.tokens[3, :5].tolist() == [7, 8, 9, 10, 0]
         assert synced.lens.tolist() == [0, 0, 0, 4]
 
@@ -331,9 +372,11 @@ def test_bad_sizes_are_rejected() -> None:
     with pytest.raises(ValueError, match="num_rows must be >= 1"):
         RequestRows(num_rows=0, token_history=True, owner_chains=False, pin_memory=False)
     rows = RequestRows(num_rows=4, token_history=True, owner_chains=False, pin_memory=False)
-    with pytest.raises(ValueError, match="1 requests but 2 prefix lengths and 2 seq_lens"):
-        rows.prepare(reqs=[_req("a", [1], [], row=1)], prefix_lens=[0, 0], seq_lens=[1, 1])
-    with pytest.raises(ValueError, match="1 requests but 1 prefix lengths and 2 seq_lens"):
+    with pytest.raises(ValueError, match="1 requests but 2 prefix lengths"):
+        rows.prepare(reqs=[_req("a", [1], [], row=1)], prefix_lens=[0, 0], seq_lens=[1])
+    with pytest.raises(ValueError, match="1 requests but 2 prefix lengths"):  # asked lazily
+        rows.prepare(reqs=[_req("a", [1], [], row=1)], prefix_lens=lambda: [0, 0], seq_lens=[1])
+    with pytest.raises(ValueError, match="1 requests but 2 seq_lens"):
         rows.prepare(reqs=[_req("a", [1], [], row=1)], prefix_lens=[0], seq_lens=[1, 1])
 
 

@@ -410,6 +410,51 @@ def check_scatter_inputs(
     return batch_size, num_tokens
 
 
+def check_append_history_inputs(
+    *,
+    upload: torch.Tensor,
+    max_rows: int,
+    pool_out: torch.Tensor,
+    history_lens_out: torch.Tensor,
+) -> None:
+    """Validate the inputs of the token-history append (its Triton launch and torch reference;
+    contract in :mod:`.append_history`): types, dtypes, shapes, layouts and devices, no values.
+
+    Raises:
+        TypeError: a tensor is missing or of the wrong dtype, or ``max_rows`` is not an int
+            (names the argument).
+        ValueError: a shape, layout or device is wrong, or ``max_rows`` is negative.
+    """
+    named = {  # pool_out first: the others are compared with its device
+        "pool_out": (pool_out, torch.int32, 2),
+        "upload": (upload, torch.int64, 1),
+        "history_lens_out": (history_lens_out, torch.int64, 1),
+    }
+    for name, (tensor, dtype, dims) in named.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of dtype {dtype}, got {type(tensor)}")
+        if tensor.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
+        if tensor.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D, got shape {tuple(tensor.shape)}")
+        if dims == 1 and not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
+        if tensor.device != pool_out.device:
+            raise ValueError(
+                f"{name} is on {tensor.device} but pool_out is on {pool_out.device}; every "
+                "tensor must be on pool_out's device"
+            )
+    if history_lens_out.shape[0] != pool_out.shape[0]:
+        raise ValueError(
+            f"history_lens_out must have shape [R] = [{pool_out.shape[0]}] (pool_out's rows), "
+            f"got {tuple(history_lens_out.shape)}"
+        )
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int):
+        raise TypeError(f"max_rows must be an int, got {type(max_rows).__name__}")
+    if max_rows < 0:
+        raise ValueError(f"max_rows must be >= 0, got {max_rows}")
+
+
 # ----------------------------------------------------------------------------- validation
 
 

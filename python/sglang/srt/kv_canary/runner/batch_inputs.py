@@ -69,10 +69,10 @@ def attach_batch_inputs(holder: Any, inputs: CanaryBatchInputs) -> None:
     setattr(holder, ATTRIBUTE, inputs)
     setattr(holder, RIDS_INT_ATTR, inputs.rids_int)
     setattr(holder, BOOTSTRAP_ROOM_IDS_INT_ATTR, inputs.bootstrap_room_ids_int)
-    history = None if inputs.row_updates is None else inputs.row_updates.token_history
+    history = None if inputs.row_updates is None else inputs.row_updates.history_tokens_and_lens()
     if history is not None:
-        setattr(holder, REQ_ALL_IDS_FLAT_ATTR, history.req_all_ids_flat)
-        setattr(holder, REQ_ALL_IDS_LENS_ATTR, history.req_all_ids_lens)
+        setattr(holder, REQ_ALL_IDS_FLAT_ATTR, history[0])
+        setattr(holder, REQ_ALL_IDS_LENS_ATTR, history[1])
 
 
 def batch_inputs_of(holder: Any) -> CanaryBatchInputs | None:

@@ -105,7 +105,7 @@ from sglang.srt.kv_canary.runner.refusals import (
     unsupported_pools,
     unsupported_server_args,
 )
-from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
+from sglang.srt.kv_canary.runner.request_rows import UPLOAD_HEADER_WORDS, RequestRows, RowUpdates
 from sglang.srt.kv_canary.runner.upload_buffers import (
     UPLOAD_BUFFER_SLOTS,
     UPLOAD_BUFFER_WORDS,
@@ -184,7 +184,10 @@ class CanaryRunner:
         self._injector: FaultInjector | None = None
         self._upload_buffers: UploadBufferRing | None = None  # host side of the uploads
         self._staging: torch.Tensor | None = None  # the upload area (see on_memory_pool)
-        self._host_seq_lens: torch.Tensor | None = None  # its head: the seq_lens mirror
+        self._host_seq_lens: torch.Tensor | None = None  # after its header: the seq_lens mirror
+        # rows of the last upload's unit append not yet applied by an eager pre launch (graphs
+        # apply it themselves: their captured append reads the upload area's header)
+        self._pending_unit_append = 0
         # the sections of the last upload layout cut from the area: (layout key, target, sections)
         self._staged: tuple[Any, torch.Tensor, Any] | None = None
         self._sweep: RadixSweep | None = None
@@ -371,15 +374,17 @@ class CanaryRunner:
                 self._draft_decode_state = dataclasses.replace(
                     self.state, owner_chains=torch.zeros_like(self.state.owner_chains)
                 )
-        # One persistent upload area. Its head is the seq_lens mirror that captured graphs
-        # read: an upload's first section is the seq_lens of its rows, so copying the packed
-        # upload to the start of the area refreshes the mirror with no copy of its own.
+        # One persistent upload area, read by captured graphs at fixed addresses: its header
+        # (the unit-append count of the token-history append) and then the seq_lens mirror. An
+        # upload starts with its header and the seq_lens of its rows, so copying the packed
+        # upload to the start of the area refreshes both with no copy of their own.
         mirror_rows = seq_lens_mirror_rows(model_runner.server_args, request_rows=rows)
         with torch.inference_mode(False):
             self._staging = torch.zeros(
-                (mirror_rows + UPLOAD_STAGING_WORDS,), dtype=torch.int64, device=self._device
+                (UPLOAD_HEADER_WORDS + mirror_rows + UPLOAD_STAGING_WORDS,), dtype=torch.int64,
+                device=self._device,
             )
-        self._host_seq_lens = self._staging[:mirror_rows]
+        self._host_seq_lens = self._staging[UPLOAD_HEADER_WORDS : UPLOAD_HEADER_WORDS + mirror_rows]
         if config.enable_write_input_assert and not self._is_draft:
             # (an EAGLE draft model's inputs are the next position's tokens or guesses: the
             # assert checks the target's forwards, whose inputs are the committed tokens)
@@ -413,9 +418,12 @@ class CanaryRunner:
 
     def on_capture_start(self, *, graph_runner: Any) -> None:
         """Before a decode graph (re)capture: its eager warm-up runs see padding rows only (a
-        re-capture would otherwise run the canary on the stale rows of the last replay)."""
+        re-capture would otherwise run the canary on the stale rows of the last replay), and
+        the upload area holds no unit append for them to apply."""
         graph_runner.buffers.req_pool_indices.zero_()
         graph_runner.buffers.out_cache_loc.zero_()
+        if self._staging is not None:
+            self._staging[:UPLOAD_HEADER_WORDS].zero_()
 
     def capture_decode_graph(
         self,
@@ -516,6 +524,8 @@ class CanaryRunner:
             return
         self.state.counters.zero_()
         self.state.owner_chains.zero_()
+        self._staging[:UPLOAD_HEADER_WORDS].zero_()  # no start-up append is replayed
+        self._pending_unit_append = 0
         self._launches = 0
         self._sweep_launches = 0
         if self._device.type == "cuda":
@@ -571,7 +581,7 @@ class CanaryRunner:
         if kind is not None and rows > 0:
             row_updates = self.request_rows.prepare(
                 reqs=reqs,
-                prefix_lens=host_prefix_lens(forward_batch),
+                prefix_lens=functools.partial(host_prefix_lens, forward_batch),
                 seq_lens=forward_batch.seq_lens_cpu.tolist(),
                 # EXTEND / MIXED forwards run eagerly: their post launch comes after the model
                 # is enqueued, so new owners' tokens are read while the device runs the model
@@ -690,6 +700,7 @@ class CanaryRunner:
         """A decode / target-verify graph was replayed: count the canary launches captured into
         it (not at ``replay_prepare``: EAGLE prepares the verify graph before
         ``ModelRunner.forward``)."""
+        self._pending_unit_append = 0  # the replay applied it
         if self._serving:
             self._launches += self._captured_launches.get((id(graph_runner), graph_runner.bs), 0)
 
@@ -754,6 +765,7 @@ class CanaryRunner:
         if forward_batch.batch_size > 0:
             self._upload(forward_batch)
         result = replay()
+        self._pending_unit_append = 0  # the replay applied it
         self._launches += self._draft_graph_launches.get(id(graph_runner), 0)
         self._steps += 1
         self.monitor.after_forward(
@@ -828,6 +840,8 @@ class CanaryRunner:
         kind = forward_kind(forward_batch)
         if kind is None:
             return None
+        if self.token_history is not None:
+            self._append_history(rows=forward_batch.batch_size)
         view = build_batch_view(
             forward_batch, kind=kind, checks=self._token_check_fields(forward_batch),
             host_seq_lens=self._host_seq_lens, blocks=self._blocks,
@@ -839,6 +853,21 @@ class CanaryRunner:
         else:
             self._launches += 1
         return view
+
+    def _append_history(self, *, rows: int) -> None:
+        """The token-history append of the last upload's unit append, before the pre launch:
+        captured into a graph of ``rows`` rows (every replay applies its own upload's, or
+        nothing), or launched eagerly when the last upload has one pending."""
+        if _capturing(self._device):
+            max_rows = rows
+        else:
+            max_rows, self._pending_unit_append = self._pending_unit_append, 0
+            if max_rows == 0:
+                return
+        self._kernels.append_history_tokens(
+            upload=self._staging, max_rows=max_rows, pool_out=self.token_history.tokens,
+            history_lens_out=self.token_history.lens,
+        )
 
     def launch_after_model(self, view: CanaryBatchView, *, forward_batch: ForwardBatch) -> None:
         """The model forward is enqueued: send the admissions deferred by this batch's
@@ -918,11 +947,15 @@ class CanaryRunner:
         scatter, owner chains, admission checks), all on the current stream, and the
         bookkeeping committed.
 
-        The copy lands at the start of the persistent upload area, so its seq_lens section is
-        the mirror the captured graphs read. The sections of a layout (its segment sizes) are
-        cut once and reused while the layout repeats (decode steps of one batch). An upload
-        larger than the area goes to a buffer of its own, and its seq_lens to the mirror
-        (which has a row for every request row, so it holds any batch's).
+        The copy lands at the start of the persistent upload area, so its header and seq_lens
+        section are what the captured graphs read. The sections of a layout (its segment sizes)
+        are cut once and reused while the layout repeats (decode steps of one batch). An upload
+        larger than the area goes to a buffer of its own, and its header and seq_lens to the
+        area's head (the mirror has a row for every request row, so it holds any batch's).
+
+        A unit append (``updates.unit_append``: one token per row) is not scattered here: the
+        pre launch's append applies it, from a captured graph or eagerly
+        (:meth:`launch_before_model`).
         """
         key = (updates.segment_sizes, updates.has_history, updates.has_owners,
                updates.has_admissions)
@@ -944,10 +977,14 @@ class CanaryRunner:
             self._upload_buffers.copy(updates.upload_buffer, to=target)
         seq_lens, history, owners, admissions = sections
         if target.data_ptr() != self._staging.data_ptr():  # (a batch never outnumbers the
-            rows = seq_lens.values.shape[0]  # mirror's rows: one per request row at most)
-            self._host_seq_lens[:rows].copy_(seq_lens.values)
+            head = UPLOAD_HEADER_WORDS + seq_lens.values.shape[0]  # mirror's rows)
+            self._staging[:head].copy_(target[:head])
         if history is not None:
-            self.token_history.upload(history)
+            if updates.unit_append:
+                self._pending_unit_append = seq_lens.values.shape[0]
+            else:
+                self._pending_unit_append = 0
+                self.token_history.upload(history)
         if owners is not None and owners.rows.shape[0] > 0:
             self.state.owner_chains.index_copy_(0, owners.rows, owners.values)
         if admissions is not None and admissions.rows.shape[0] > 0:

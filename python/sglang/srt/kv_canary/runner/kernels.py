@@ -40,8 +40,10 @@ class CanaryKernels:
     contract of ``launch_scatter_req_token_ids_kernel``); ``admission_owner_check`` takes
     ``(*, state, req_pool_indices, prefix_lens, chains)`` (deferred admissions, between the
     model forward and the post launch); ``accepted_owner_resync`` takes ``(*, state,
-    req_pool_indices, out_cache_loc, accept_lens, block)`` (after an EAGLE verification). The
-    last four run outside graphs.
+    req_pool_indices, out_cache_loc, accept_lens, block)`` (after an EAGLE verification). Those
+    four run outside graphs. ``append_history_tokens`` (keyword contract of
+    ``launch_append_history_tokens``) is the decode step's token-history append, captured in
+    graphs before the pre launch.
     """
 
     backend: KernelBackend
@@ -51,6 +53,7 @@ class CanaryKernels:
     scatter_req_token_ids: Callable[..., None]
     admission_owner_check: Callable[..., None]
     accepted_owner_resync: Callable[..., None]
+    append_history_tokens: Callable[..., None]
 
 
 def load_kernels(backend: KernelBackend) -> CanaryKernels:
@@ -60,6 +63,7 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
     scatter = importlib.import_module(backend.module("scatter_req_token_ids"))
     admission = importlib.import_module(backend.module("admission_owner"))
     accepted = importlib.import_module(backend.module("accepted_owner"))
+    append = importlib.import_module(backend.module("append_history"))
     return CanaryKernels(
         backend=backend,
         pre_forward=forward.launch_pre_forward,
@@ -68,4 +72,5 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
         scatter_req_token_ids=getattr(scatter, _SCATTER_FUNCTIONS[backend]),
         admission_owner_check=admission.launch_admission_owner_check,
         accepted_owner_resync=accepted.launch_accepted_owner_resync,
+        append_history_tokens=append.launch_append_history_tokens,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang.jit_kernel.kv_canary.consts import NUM_COUNTERS, RECORD_BYTES, RING_ROW_FIELDS
+from sglang.srt.kv_canary.runner.request_rows import UPLOAD_HEADER_WORDS
 
 _INT64_BYTES = 8
 _INT32_BYTES = 4
@@ -91,7 +92,7 @@ def fixed_buffers(
         owner_chains=request_rows * _INT64_BYTES * (2 if speculative else 1),
         seq_lens_mirror=seq_lens_mirror_rows_for(request_rows=request_rows,
                                                  graph_max_bs=graph_max_bs) * _INT64_BYTES,
-        upload_staging=UPLOAD_STAGING_WORDS * _INT64_BYTES,
+        upload_staging=(UPLOAD_HEADER_WORDS + UPLOAD_STAGING_WORDS) * _INT64_BYTES,
         token_history=history,
         write_expectations=2 * write_expectation_tokens * _INT64_BYTES,
         graph_request_ids=(graph_max_bs * (2 * _INT64_BYTES + _INT32_BYTES)

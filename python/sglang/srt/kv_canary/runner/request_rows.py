@@ -56,7 +56,7 @@ from __future__ import annotations
 import itertools
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +67,7 @@ from sglang.jit_kernel.kv_canary.hashing import chain_after_numpy
 from sglang.srt.kv_canary.runner.upload_buffers import UploadBuffer, UploadBufferRing
 
 UNKNOWN_OWNER_CHAIN = 0  # "the host does not know": the device adopts the record's chain
+UPLOAD_HEADER_WORDS = 1  # the packed upload's header: the unit-append row count (RowUpdates)
 
 
 class RequestHistory(Protocol):
@@ -140,12 +141,19 @@ class RowUpdates:
     """Everything one forward uploads, packed in ``packed`` (one host-to-device copy), and the
     admissions whose tokens are read and sent later (:meth:`RequestRows.prepare_deferred`).
 
-    ``packed`` holds the sections back to back, in this order: the seq_lens mirror, then (when
-    present) the token history's rows, lengths, offsets and tokens, the owner rows and values,
-    and the admissions' rows, prefix lengths and chains; ``segment_sizes`` is the word count of
-    each piece present. :meth:`sections_on` cuts any copy of ``packed`` into the sections with
-    one ``split_with_sizes``; the ``seq_lens`` / ``token_history`` / ``owners`` /
-    ``admissions`` properties are the same sections of the host buffer (for inspection).
+    ``packed`` holds the sections back to back, in this order: the header (one word, the
+    unit-append count below), the seq_lens mirror, then (when present) the token history's rows,
+    lengths, offsets and tokens, the owner rows and values, and the admissions' rows, prefix
+    lengths and chains; ``segment_sizes`` is the word count of each piece present.
+    :meth:`sections_on` cuts any copy of ``packed`` into the sections with one
+    ``split_with_sizes``; the ``seq_lens`` / ``token_history`` / ``owners`` / ``admissions``
+    properties are the same sections of the host buffer (for inspection).
+
+    **Unit append.** When every row's history segment is one token (a decode step) and the
+    seq_lens section has a word per row, the header holds the row count ``bs`` and
+    ``unit_append`` is set: the token history is then updated by
+    :mod:`sglang.jit_kernel.kv_canary.append_history`, which reads this layout from the device
+    upload area (captured into decode graphs), instead of the scatter. Otherwise the header is 0.
     """
 
     packed: torch.Tensor  # int64, CPU (pinned on CUDA machines)
@@ -161,6 +169,7 @@ class RowUpdates:
     # the batch as the device knows it once these updates are committed (None: not steady)
     steady_after: _SteadyBatch | None = None
     upload_buffer: UploadBuffer | None = None  # where ``packed`` lives (a ring's slice)
+    unit_append: bool = False  # the header holds the row count (see "Unit append")
     _host_sections: tuple[Any, ...] | None = field(default=None, init=False, repr=False,
                                                    compare=False)
 
@@ -169,6 +178,7 @@ class RowUpdates:
     ]:
         """The sections as views of ``device_packed`` (a copy of ``packed``, same length)."""
         parts = iter(device_packed.split_with_sizes(self.segment_sizes))
+        next(parts)  # the header
         seq_lens = SeqLensSection(values=next(parts))
         history = owners = admissions = None
         if self.has_history:
@@ -189,6 +199,18 @@ class RowUpdates:
             object.__setattr__(self, "_host_sections", self.sections_on(self.packed))
         return self._host_sections
 
+    def history_tokens_and_lens(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(req_all_ids_flat, req_all_ids_lens)`` of the host buffer, or None without a token
+        history: the two views the carrier publishes on the batch (two slices, not the whole
+        cut)."""
+        if not self.has_history:
+            return None
+        sizes = self.segment_sizes
+        lens_start = sizes[0] + sizes[1] + sizes[2]  # after the header, seq_lens and rows
+        flat_start = lens_start + sizes[3] + sizes[4]  # after the lengths and offsets
+        packed = self.packed
+        return packed[flat_start : flat_start + sizes[5]], packed[lens_start : lens_start + sizes[3]]
+
     @property
     def seq_lens(self) -> SeqLensSection:
         return self._on_host()[0]
@@ -206,7 +228,10 @@ class RowUpdates:
         return self._on_host()[3]
 
 
-_last_of = operator.itemgetter(-1)
+# what a steady batch compares per row, in one pass: (row, retractions, origin list, output list)
+_steady_key = operator.attrgetter(
+    "req_pool_idx", "retraction_count", "origin_input_ids", "output_ids"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -216,11 +241,9 @@ class _SteadyBatch:
     what the next batch is compared with (see "Steady batches" in the module docstring)."""
 
     reqs: tuple[RequestHistory, ...]
+    keys: list[tuple[int | None, int, list[int], list[int]]]  # _steady_key of each request
     rows: list[int | None]
-    retractions: list[int]
-    origins: list[list[int]]
     origin_lens: list[int]
-    outputs: list[list[int]]
     output_lens: list[int]
     history_lens: list[int]
 
@@ -229,20 +252,17 @@ class _SteadyBatch:
         """The snapshot of ``reqs`` as they are now (after their whole histories are sent);
         None when a prompt is shorter than ``skip`` (its output tokens would not all extend
         the history)."""
-        origins = [req.origin_input_ids for req in reqs]
-        origin_lens = list(map(len, origins))
+        keys = list(map(_steady_key, reqs))
+        origin_lens = [len(key[2]) for key in keys]
         if skip and min(origin_lens) < skip:
             return None
-        outputs = [req.output_ids for req in reqs]
-        output_lens = list(map(len, outputs))
+        output_lens = [len(key[3]) for key in keys]
         history_lens = list(map(operator.add, origin_lens, output_lens))
         if skip:
             history_lens = [length - skip for length in history_lens]
         return cls(
-            reqs=tuple(reqs), rows=[req.req_pool_idx for req in reqs],
-            retractions=[req.retraction_count for req in reqs],
-            origins=origins, origin_lens=origin_lens, outputs=outputs, output_lens=output_lens,
-            history_lens=history_lens,
+            reqs=tuple(reqs), keys=keys, rows=[key[0] for key in keys], origin_lens=origin_lens,
+            output_lens=output_lens, history_lens=history_lens,
         )
 
 
@@ -297,7 +317,7 @@ class RequestRows:
         self,
         *,
         reqs: Sequence[RequestHistory],
-        prefix_lens: Sequence[int],
+        prefix_lens: Sequence[int] | Callable[[], Sequence[int]],
         seq_lens: Sequence[int],
         defer_new_owners: bool = False,
     ) -> RowUpdates:
@@ -305,7 +325,8 @@ class RequestRows:
 
         Args:
             reqs: the forward's requests, one per batch row (``ModelWorkerBatch.reqs``).
-            prefix_lens: tokens already in the KV cache for each row before this forward.
+            prefix_lens: tokens already in the KV cache for each row before this forward, or a
+                function returning them (called only when a steady batch does not need them).
             seq_lens: the scheduler's host ``seq_lens`` of each row (``seq_lens_cpu``).
             defer_new_owners: leave the tokens and chains of rows with a new owner to
                 :meth:`prepare_deferred` (see the module docstring; incremental mode only, and
@@ -313,14 +334,15 @@ class RequestRows:
         Raises:
             ValueError: a request has no ``req_pool_idx``, or the lengths differ.
         """
-        if not len(prefix_lens) == len(seq_lens) == len(reqs):
-            raise ValueError(
-                f"{len(reqs)} requests but {len(prefix_lens)} prefix lengths and "
-                f"{len(seq_lens)} seq_lens"
-            )
+        if len(seq_lens) != len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(seq_lens)} seq_lens")
         steady = self._prepare_steady(reqs=reqs, seq_lens=seq_lens)
         if steady is not None:
             return steady
+        if callable(prefix_lens):
+            prefix_lens = prefix_lens()
+        if len(prefix_lens) != len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(prefix_lens)} prefix lengths")
         self._materialize_steady()
         rows: list[int] = []
         owners: list[_OwnerKey] = []
@@ -450,34 +472,27 @@ class RequestRows:
             map(operator.is_, reqs, steady.reqs)
         ):
             return None
-        # list comparisons: identical items compare equal without a call; a replaced token
-        # list equal to the old one is as good (the device holds the same tokens)
-        outputs = [req.output_ids for req in reqs]
-        origins = [req.origin_input_ids for req in reqs]
-        if (
-            outputs != steady.outputs
-            or origins != steady.origins
-            or [req.req_pool_idx for req in reqs] != steady.rows
-            or [req.retraction_count for req in reqs] != steady.retractions
-            or list(map(len, origins)) != steady.origin_lens
-        ):
+        # one comparison of (row, retractions, origin, output) per row: identical token lists
+        # compare equal without a call; a replaced list equal to the old one is as good (the
+        # device holds the same tokens)
+        keys = list(map(_steady_key, reqs))
+        if keys != steady.keys or [len(key[2]) for key in keys] != steady.origin_lens:
             return None
-        output_lens = list(map(len, outputs))
+        output_lens = [len(key[3]) for key in keys]
         added = list(map(operator.sub, output_lens, steady.output_lens))
-        if min(added) < 0:  # a history shrank: the general path rewrites the row
+        unit_segments = added.count(1) == len(added)  # a decode step
+        if not unit_segments and min(added) < 0:  # a history shrank: the general path rewrites
             return None
         history_lens = list(map(operator.add, steady.history_lens, added))
         rows = steady.rows
         history = None
-        unit_segments = False
         if self.keeps_token_history:
-            unit_segments = added.count(1) == len(added)  # a decode step
             if unit_segments:
-                tokens: list[int] = list(map(_last_of, outputs))
+                tokens: list[int] = [key[3][-1] for key in keys]
             else:
                 tokens = [
-                    token for output, start in zip(outputs, steady.output_lens)
-                    for token in output[start:]
+                    token for key, start in zip(keys, steady.output_lens)
+                    for token in key[3][start:]
                 ]
             history = (rows, history_lens, added, [tokens])
         # committing it moves nothing per row: the rows' known lengths live in the snapshot
@@ -494,8 +509,7 @@ class RequestRows:
             unknown_owner_rows=0,
             unit_segments=unit_segments,
             steady_after=_SteadyBatch(
-                reqs=steady.reqs, rows=rows, retractions=steady.retractions,
-                origins=steady.origins, origin_lens=steady.origin_lens, outputs=steady.outputs,
+                reqs=steady.reqs, keys=steady.keys, rows=rows, origin_lens=steady.origin_lens,
                 output_lens=output_lens, history_lens=history_lens,
             ),
         )
@@ -577,17 +591,6 @@ def _history_array(
     return rest if from_origin == 0 else np.concatenate((head, rest))
 
 
-_ROW_STARTS = np.arange(1025, dtype=np.int64)
-
-
-def _row_starts(bs: int) -> np.ndarray:
-    """``[0, 1, ..., bs]`` (the offsets of ``bs`` one-token segments)."""
-    global _ROW_STARTS
-    if bs >= _ROW_STARTS.shape[0]:
-        _ROW_STARTS = np.arange(2 * bs + 1, dtype=np.int64)
-    return _ROW_STARTS[: bs + 1]
-
-
 def _pack(
     *,
     pin_memory: bool,
@@ -605,12 +608,17 @@ def _pack(
     unit_segments: bool = False,
 ) -> RowUpdates:
     """Lay the sections out back to back in one (pinned) int64 host buffer; host only.
-    ``unit_segments``: every history segment is one token (a decode step's)."""
-    sizes = [len(seq_lens)]
+    ``unit_segments``: every history segment is one token (a decode step's; checked here
+    otherwise)."""
+    sizes = [UPLOAD_HEADER_WORDS, len(seq_lens)]
+    unit_append = False
     if history is not None:
         rows, history_lens, segment_lens, chunks = history
         bs = len(rows)
         sizes += (bs, bs, bs + 1, sum(segment_lens))
+        if not unit_segments:
+            unit_segments = segment_lens.count(1) == bs
+        unit_append = unit_segments and bs > 0 and len(seq_lens) == bs
     if owners is not None:
         sizes += (len(owners[0]),) * 2
     if admissions is not None:
@@ -618,28 +626,31 @@ def _pack(
     if upload_buffers is None:
         buffer = None
         packed = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pin_memory)
+        array = packed.numpy()
     else:
         buffer = upload_buffers.take(sum(sizes))
-        packed = buffer.tensor
-    array = packed.numpy()
-    end = sizes[0]
-    array[:end] = seq_lens
+        packed, array = buffer.tensor, buffer.array
+    # The Python-list parts go into one list and the buffer with one assignment (each numpy
+    # call costs more than a pass over a decode batch); numpy chunks (whole histories) are
+    # assigned as they are.
+    words: list[int] = [bs if unit_append else 0]
+    words += seq_lens
+    start = 0  # where ``words`` goes in ``array``
     if history is not None:
-        array[end : end + bs] = rows
-        array[end + bs : end + 2 * bs] = history_lens
-        offsets = array[end + 2 * bs : end + 3 * bs + 1]
-        if unit_segments:
-            offsets[:] = _row_starts(bs)
-        else:
-            offsets[0] = 0
-            np.cumsum(segment_lens, out=offsets[1:])
-        end += 3 * bs + 1
+        words += rows
+        words += history_lens
+        words += range(bs + 1) if unit_segments else itertools.accumulate(segment_lens, initial=0)
         for chunk in chunks:
-            array[end : end + len(chunk)] = chunk
-            end += len(chunk)
+            if isinstance(chunk, np.ndarray):
+                end = start + len(words)
+                array[start:end] = words
+                array[end : end + len(chunk)] = chunk
+                start, words = end + len(chunk), []
+            else:
+                words += chunk
     for values in (owners or ()) + (admissions or ()):
-        array[end : end + len(values)] = values
-        end += len(values)
+        words += values
+    array[start : start + len(words)] = words
     return RowUpdates(
         packed=packed,
         segment_sizes=tuple(sizes),
@@ -653,4 +664,5 @@ def _pack(
         deferred=deferred,
         steady_after=steady_after,
         upload_buffer=buffer,
+        unit_append=unit_append,
     )

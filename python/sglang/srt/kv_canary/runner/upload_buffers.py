@@ -20,20 +20,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sglang.srt.kv_canary.monitor.counter_snapshots import CompletionEvent
 
 UPLOAD_BUFFER_SLOTS = 4  # the device trails the scheduler by one or two forwards
 UPLOAD_BUFFER_WORDS = 1 << 14  # int64 words per buffer: a decode step of 256 rows uses ~1.3k
+_MAX_CACHED_VIEWS = 256  # views of the buffers kept for reuse (forgotten all at once beyond)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UploadBuffer:
-    """One upload's host buffer: ``tensor`` (int64 ``[words]``), a slice of ring buffer
-    ``slot`` handed out as its ``generation``-th use, or (``slot`` None) a buffer of its own."""
+    """One upload's host buffer: ``tensor`` (int64 ``[words]``) and ``array``, a numpy view of the
+    same memory; a slice of ring buffer ``slot`` handed out as its ``generation``-th use, or
+    (``slot`` None) a buffer of its own."""
 
     tensor: torch.Tensor
+    array: np.ndarray
     slot: int | None = None
     generation: int = 0
 
@@ -58,10 +62,13 @@ class UploadBufferRing:
         self._buffers = [
             torch.empty((words,), dtype=torch.int64, pin_memory=pin_memory) for _ in range(slots)
         ]
+        self._arrays = [buffer.numpy() for buffer in self._buffers]
         self._events = [new_event() for _ in range(slots)]
         self._in_flight = [False] * slots  # a copy was enqueued after the slot was handed out
         self._generations = [0] * slots
         self._next = 0
+        # the views handed out, per (slot, words): a decode batch takes the same size each step
+        self._views: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def words(self) -> int:
@@ -71,15 +78,18 @@ class UploadBufferRing:
         """A host buffer of ``words`` int64 words (contents undefined); host only."""
         slot = self._next
         if words > self.words or (self._in_flight[slot] and not self._events[slot].query()):
-            return UploadBuffer(
-                tensor=torch.empty((words,), dtype=torch.int64, pin_memory=self._pin_memory)
-            )
+            tensor = torch.empty((words,), dtype=torch.int64, pin_memory=self._pin_memory)
+            return UploadBuffer(tensor=tensor, array=tensor.numpy())
         self._next = (slot + 1) % len(self._buffers)
         self._in_flight[slot] = False
         self._generations[slot] += 1
-        return UploadBuffer(
-            tensor=self._buffers[slot][:words], slot=slot, generation=self._generations[slot]
-        )
+        view = self._views.get((slot, words))
+        if view is None:
+            if len(self._views) >= _MAX_CACHED_VIEWS:
+                self._views.clear()
+            view = self._views[(slot, words)] = self._buffers[slot][:words]
+        return UploadBuffer(tensor=view, array=self._arrays[slot][:words], slot=slot,
+                            generation=self._generations[slot])
 
     def copy(self, buffer: UploadBuffer, *, to: torch.Tensor) -> None:
         """Copy ``buffer`` into ``to`` (same length) on the current stream without waiting, and
