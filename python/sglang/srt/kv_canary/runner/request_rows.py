@@ -172,6 +172,9 @@ class RowUpdates:
     unit_append: bool = False  # the header holds the row count (see "Unit append")
     _host_sections: tuple[Any, ...] | None = field(default=None, init=False, repr=False,
                                                    compare=False)
+    _public_views: tuple[torch.Tensor, torch.Tensor] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def sections_on(self, device_packed: torch.Tensor) -> tuple[
         SeqLensSection, TokenHistorySection | None, OwnerSection | None, AdmissionSection | None
@@ -202,14 +205,19 @@ class RowUpdates:
     def history_tokens_and_lens(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(req_all_ids_flat, req_all_ids_lens)`` of the host buffer, or None without a token
         history: the two views the carrier publishes on the batch (two slices, not the whole
-        cut)."""
+        cut; made once)."""
         if not self.has_history:
             return None
-        sizes = self.segment_sizes
-        lens_start = sizes[0] + sizes[1] + sizes[2]  # after the header, seq_lens and rows
-        flat_start = lens_start + sizes[3] + sizes[4]  # after the lengths and offsets
-        packed = self.packed
-        return packed[flat_start : flat_start + sizes[5]], packed[lens_start : lens_start + sizes[3]]
+        if self._public_views is None:
+            sizes = self.segment_sizes
+            lens_start = sizes[0] + sizes[1] + sizes[2]  # after the header, seq_lens and rows
+            flat_start = lens_start + sizes[3] + sizes[4]  # after the lengths and offsets
+            packed = self.packed
+            object.__setattr__(self, "_public_views", (
+                packed[flat_start : flat_start + sizes[5]],
+                packed[lens_start : lens_start + sizes[3]],
+            ))
+        return self._public_views
 
     @property
     def seq_lens(self) -> SeqLensSection:
