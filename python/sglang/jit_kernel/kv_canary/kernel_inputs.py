@@ -359,34 +359,17 @@ def check_scatter_inputs(
         TypeError: a tensor is missing or of the wrong dtype (names the argument).
         ValueError: a shape, layout or device is wrong (names the argument).
     """
-    named = {
-        "flat_in": (flat_in, torch.int64),
-        "offsets": (offsets, torch.int64),
-        "req_pool_indices": (req_pool_indices, torch.int64),
-        "pool_out": (pool_out, torch.int32),
-        "history_lens": (history_lens, torch.int64),
-        "history_lens_out": (history_lens_out, torch.int64),
-    }
-    optional = {"history_lens", "history_lens_out"}
-    for name, (tensor, dtype) in named.items():
-        if tensor is None and name in optional:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of dtype {dtype}, got {type(tensor)}")
-        if tensor.dtype != dtype:
-            raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
-        expected_dims = 2 if name == "pool_out" else 1
-        if tensor.dim() != expected_dims:
-            raise ValueError(
-                f"{name} must be {expected_dims}-D, got shape {tuple(tensor.shape)}"
-            )
-        if expected_dims == 1 and not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
-        if tensor.device != pool_out.device:
-            raise ValueError(
-                f"{name} is on {tensor.device} but pool_out is on {pool_out.device}; "
-                "every tensor must be on pool_out's device"
-            )
+    _check_pool_arguments(
+        {
+            "pool_out": (pool_out, torch.int32, 2),
+            "flat_in": (flat_in, torch.int64, 1),
+            "offsets": (offsets, torch.int64, 1),
+            "req_pool_indices": (req_pool_indices, torch.int64, 1),
+            "history_lens": (history_lens, torch.int64, 1),
+            "history_lens_out": (history_lens_out, torch.int64, 1),
+        },
+        optional=("history_lens", "history_lens_out"),
+    )
     batch_size = req_pool_indices.shape[0]
     num_tokens = flat_in.shape[0]
     if offsets.shape[0] != batch_size + 1:
@@ -410,6 +393,38 @@ def check_scatter_inputs(
     return batch_size, num_tokens
 
 
+def _check_pool_arguments(
+    named: dict[str, tuple[torch.Tensor | None, torch.dtype, int]],
+    *,
+    optional: tuple[str, ...] = (),
+) -> None:
+    """Each ``name: (tensor, dtype, dims)`` is a tensor of that dtype and rank (1-D ones
+    contiguous) on ``pool_out``'s device (the first entry); names in ``optional`` may be None.
+
+    Raises:
+        TypeError: not a tensor, or the wrong dtype (names the argument).
+        ValueError: the wrong rank, a strided vector, another device (names the argument).
+    """
+    device = None
+    for name, (tensor, dtype, dims) in named.items():
+        if tensor is None and name in optional:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of dtype {dtype}, got {type(tensor)}")
+        if tensor.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
+        if tensor.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D, got shape {tuple(tensor.shape)}")
+        if dims == 1 and not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
+        device = tensor.device if device is None else device
+        if tensor.device != device:
+            raise ValueError(
+                f"{name} is on {tensor.device} but pool_out is on {device}; every tensor must "
+                "be on pool_out's device"
+            )
+
+
 def check_append_history_inputs(
     *,
     upload: torch.Tensor,
@@ -425,25 +440,11 @@ def check_append_history_inputs(
             (names the argument).
         ValueError: a shape, layout or device is wrong, or ``max_rows`` is negative.
     """
-    named = {  # pool_out first: the others are compared with its device
+    _check_pool_arguments({
         "pool_out": (pool_out, torch.int32, 2),
         "upload": (upload, torch.int64, 1),
         "history_lens_out": (history_lens_out, torch.int64, 1),
-    }
-    for name, (tensor, dtype, dims) in named.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of dtype {dtype}, got {type(tensor)}")
-        if tensor.dtype != dtype:
-            raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
-        if tensor.dim() != dims:
-            raise ValueError(f"{name} must be {dims}-D, got shape {tuple(tensor.shape)}")
-        if dims == 1 and not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
-        if tensor.device != pool_out.device:
-            raise ValueError(
-                f"{name} is on {tensor.device} but pool_out is on {pool_out.device}; every "
-                "tensor must be on pool_out's device"
-            )
+    })
     if history_lens_out.shape[0] != pool_out.shape[0]:
         raise ValueError(
             f"history_lens_out must have shape [R] = [{pool_out.shape[0]}] (pool_out's rows), "
