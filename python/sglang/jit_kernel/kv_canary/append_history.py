@@ -35,10 +35,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_append_history_inputs
+from sglang.jit_kernel.kv_canary.launch_config import interpreted, require_cuda_or_interpreter
 
 BLOCK = 128  # rows per program
 NUM_WARPS = 4
@@ -92,12 +92,11 @@ def launch_append_history_tokens(
     check_append_history_inputs(
         upload=upload, max_rows=max_rows, pool_out=pool_out, history_lens_out=history_lens_out
     )
-    if pool_out.device.type != "cuda" and not _INTERPRETED:
-        raise ValueError(
-            f"launch_append_history_tokens needs CUDA tensors, got {pool_out.device}; on a CPU "
-            "use append_history_ref (same contract) or set TRITON_INTERPRET=1 before importing "
-            "this module"
-        )
+    require_cuda_or_interpreter(
+        device=pool_out.device, kernel_interpreted=_INTERPRETED,
+        who_needs="launch_append_history_tokens needs",
+        reference="append_history_ref (same contract)",
+    )
     if max_rows == 0:
         return
     _LAUNCH(
@@ -115,5 +114,5 @@ def launch_append_history_tokens(
     )
 
 
-_INTERPRETED = isinstance(_append_history_tokens_kernel, InterpretedFunction)
+_INTERPRETED = interpreted(_append_history_tokens_kernel)
 _LAUNCH = DirectLauncher(_append_history_tokens_kernel, num_warps=NUM_WARPS)

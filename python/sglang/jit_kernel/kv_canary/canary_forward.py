@@ -86,6 +86,7 @@ from sglang.jit_kernel.kv_canary.kernel_inputs import (
 )
 from sglang.jit_kernel.kv_canary.launch_config import (
     interpreted,
+    require_cuda_or_interpreter,
     max_programs,
     real_data_args,
     real_data_constexprs,
@@ -714,11 +715,11 @@ NUM_WARPS = 4
 
 def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKind) -> None:
     check_same_device(state=state, device=batch.device, what="CanaryBatchView")
-    if state.device.type != "cuda" and not _INTERPRETED:
-        raise ValueError(
-            f"the canary Triton kernels need CUDA tensors, got {state.device}; on a CPU use "
-            "canary_forward_ref (same signatures) or set TRITON_INTERPRET=1 before importing them"
-        )
+    require_cuda_or_interpreter(
+        device=state.device, kernel_interpreted=_INTERPRETED,
+        who_needs="the canary Triton kernels need",
+        reference="canary_forward_ref (same signatures)",
+    )
     tiles = TILES
     # Real data is verified after the forward only: the post launch sees every corruption the
     # pre launch would (bytes changed before the forward are still changed after it) plus the

@@ -1,5 +1,6 @@
-"""Host-side launch helpers shared by the canary kernels: the interpreter check, the device's
-program cap, and the real-data sources as kernel arguments and constexprs."""
+"""Host-side launch helpers shared by the canary kernels: the interpreter check and the refusal
+of CPU tensors, the device's program cap, and the real-data sources as kernel arguments and
+constexprs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,25 @@ MAX_WORD_CHUNK = 16  # real-data words read per lane per step when whole rows ar
 def interpreted(kernel: object) -> bool:
     """Whether ``kernel`` runs in Triton's interpreter (``TRITON_INTERPRET=1`` at import)."""
     return isinstance(kernel, InterpretedFunction)
+
+
+def require_cuda_or_interpreter(
+    *, device: torch.device, kernel_interpreted: bool, who_needs: str, reference: str
+) -> None:
+    """Refuse a compiled Triton launch on tensors that are not on CUDA.
+
+    Args:
+        who_needs: the launch and its verb ("the canary sweep kernel needs").
+        reference: the torch twin to use on a CPU ("sweep_ref (same signature)").
+    Raises:
+        ValueError: ``device`` is not CUDA and the kernel is not interpreted (names both ways
+            out: the reference, or ``TRITON_INTERPRET=1`` before the kernel is imported).
+    """
+    if device.type != "cuda" and not kernel_interpreted:
+        raise ValueError(
+            f"{who_needs} CUDA tensors, got {device}; on a CPU use {reference} or set "
+            "TRITON_INTERPRET=1 before importing the kernel module"
+        )
 
 
 @functools.cache

@@ -44,10 +44,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_scatter_inputs
+from sglang.jit_kernel.kv_canary.launch_config import interpreted, require_cuda_or_interpreter
 from sglang.jit_kernel.kv_canary.triton_helpers import sum_1d
 
 # Tokens (and rows, for history_lens_out) per program. On an H200, among {256..2048} x {2, 4, 8}
@@ -192,12 +192,11 @@ def launch_scatter_req_token_ids_kernel(
         history_lens=history_lens,
         history_lens_out=history_lens_out,
     )
-    if pool_out.device.type != "cuda" and not _INTERPRETED:
-        raise ValueError(
-            f"launch_scatter_req_token_ids_kernel needs CUDA tensors, got {pool_out.device}; on "
-            "a CPU use scatter_req_token_ids_torch_reference (same contract) or set "
-            "TRITON_INTERPRET=1 before importing this module"
-        )
+    require_cuda_or_interpreter(
+        device=pool_out.device, kernel_interpreted=_INTERPRETED,
+        who_needs="launch_scatter_req_token_ids_kernel needs",
+        reference="scatter_req_token_ids_torch_reference (same contract)",
+    )
     if batch_size == 0:
         return
     work_items = max(num_tokens, batch_size) if history_lens_out is not None else num_tokens
@@ -223,5 +222,5 @@ def launch_scatter_req_token_ids_kernel(
     )
 
 
-_INTERPRETED = isinstance(_scatter_req_token_ids_kernel, InterpretedFunction)
+_INTERPRETED = interpreted(_scatter_req_token_ids_kernel)
 _LAUNCH = DirectLauncher(_scatter_req_token_ids_kernel, num_warps=NUM_WARPS)

@@ -29,6 +29,7 @@ from sglang.jit_kernel.kv_canary.kernel_inputs import (
 )
 from sglang.jit_kernel.kv_canary.launch_config import (
     interpreted,
+    require_cuda_or_interpreter,
     real_data_args,
     real_data_constexprs,
 )
@@ -137,11 +138,10 @@ def launch_sweep(*, state: CanaryDeviceState, entries: SweepEntries) -> None:
     grid follows ``n``.
     """
     check_same_device(state=state, device=entries.device, what="SweepEntries")
-    if state.device.type != "cuda" and not _INTERPRETED:
-        raise ValueError(
-            f"the canary sweep kernel needs CUDA tensors, got {state.device}; on a CPU use "
-            "sweep_ref (same signature) or set TRITON_INTERPRET=1 before importing it"
-        )
+    require_cuda_or_interpreter(
+        device=state.device, kernel_interpreted=_INTERPRETED,
+        who_needs="the canary sweep kernel needs", reference="sweep_ref (same signature)",
+    )
     real = real_data_constexprs(state.real_data)
     tile = TILE
     if real["NUM_SOURCES"] and not real["PARTIAL"]:
