@@ -10,7 +10,8 @@ constraints="$repo/constraints/sglang-0.5.12.post1.txt"
 if [ ! -x "$venv/bin/python" ]; then
   "${KV_CANARY_PYTHON:-python3}" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+# --no-cache-dir: the wheels are not kept a second time (CI machines can be short of disk).
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-cache-dir)
 if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('sglang') == '0.5.12.post1'" 2>/dev/null; then
   echo "[setup] installing sglang 0.5.12.post1 (a few minutes, several GB)"
   "${pip[@]}" install -q "sglang==0.5.12.post1" -c "$constraints"
