@@ -99,6 +99,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
@@ -121,6 +122,7 @@ from sglang.srt.kv_canary.tools.server import (
 from sglang.srt.kv_canary.tools.tiny_model import make_tiny_eagle_draft, make_tiny_model
 
 # Sibling modules (this directory is on sys.path when the script runs).
+from cpu_pinning import SCHEDULER_TITLE, PinningPlan, pin_server, plan_pinning
 from server_overhead_table import (
     MEASURED,
     NOISE_NOTE,
@@ -500,13 +502,15 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                    workloads: Sequence[Workload], repeats: int, deadline: Deadline,
                    log_dir: pathlib.Path, estimates: Mapping[str, WorkloadEstimate],
                    round_runner: RoundRunner = run_round,
-                   server_module: str = "sglang.launch_server") -> ConfigResult:
+                   server_module: str = "sglang.launch_server",
+                   pinning: PinningPlan | None = None) -> ConfigResult:
     """Start one server, measure every workload that fits its pools and the budget, stop it.
 
     ``estimates``: per workload name, what its rounds are expected to take (absent: the
     model's estimates). ``server_module`` is run with ``python -m`` (a stand-in in
-    tests). Start and request failures become the result's status (the server is stopped in
-    every case).
+    tests). ``pinning``: once the server is ready, its scheduler and the rest go where the plan
+    says (:mod:`cpu_pinning`). Start and request failures become the result's status (the
+    server is stopped in every case).
     """
     started = time.monotonic()
     ready_timeout_s = max(min(READY_TIMEOUT_S, deadline.remaining_s()), 1.0)
@@ -531,6 +535,10 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                                 log_path=str(launch.log_path),
                                 duration_s=time.monotonic() - started)
         limits = read_pool_limits(server.log_text())
+        placement = "not pinned"
+        if pinning is not None:
+            placement = (pinning.describe() if pin_server(pids=server.live_pids(), plan=pinning)
+                         else f"not pinned: no {SCHEDULER_TITLE} process found")
         status = MEASURED
         try:
             for workload in workloads:
@@ -556,7 +564,7 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                         server_note=note, startup_s=startup_s,
                         duration_s=time.monotonic() - started, command=command,
                         log_path=str(launch.log_path), kv_pool_tokens=limits.kv_tokens,
-                        max_running_requests=limits.max_running_requests)
+                        max_running_requests=limits.max_running_requests, placement=placement)
 
 
 class MeasureConfig(Protocol):
@@ -575,10 +583,12 @@ def _measured_any(result: ConfigResult) -> bool:
 def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
                        configs: Sequence[ServerConfig], workloads: Sequence[Workload],
                        repeats: int, deadline: Deadline, log_dir: pathlib.Path,
-                       repeat_first: bool,
+                       repeat_first: bool, cycles: int = 1,
                        measure: MeasureConfig = measure_config) -> Iterator[ConfigResult]:
     """Each server's result, in run order: every configuration once, then (``repeat_first``
-    and more than one configuration) the first configuration again as run 2.
+    and more than one configuration) the first configuration again as run 2. With ``cycles``
+    > 1 the configurations are run ``cycles`` times in turn instead (run ``k`` in cycle ``k``;
+    no repeat at the end: the later cycles show the drift).
 
     A server starts only if the estimate of one server (the duration of the last fully measured
     one of this model; before that, ``model.first_config_estimate_s``) is left, plus, from the
@@ -588,15 +598,16 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
     check.) The repeat is skipped, and no time is kept for it, when the first server measured
     nothing; it is also skipped when no other server measured anything.
     """
-    repeat_planned = repeat_first and len(configs) > 1
-    plan = [(config, 1) for config in configs] + ([(configs[0], 2)] if repeat_planned else [])
+    repeat_planned = repeat_first and len(configs) > 1 and cycles == 1
+    plan = [(config, cycle) for cycle in range(1, cycles + 1) for config in configs]
+    plan += [(configs[0], 2)] if repeat_planned else []
     estimate_s = model.first_config_estimate_s(workloads=workloads, repeats=repeats)
     estimates: dict[str, WorkloadEstimate] = {}
     first: ConfigResult | None = None
     others_measured = False
     for position, (config, run) in enumerate(plan):
         first_measured = first is not None and _measured_any(first)
-        if run > 1 and not (first_measured and others_measured):
+        if repeat_planned and run > 1 and not (first_measured and others_measured):
             why = ("the first server of this configuration measured nothing" if not
                    first_measured else "no other server measured anything")
             yield ConfigResult(config=config.name, run=run, status=f"skipped: {why}")
@@ -694,6 +705,8 @@ def progress_line(*, model: ModelShape, result: ConfigResult) -> str:
                      f"{1e3 * last.mean_ttft_s:.1f} ms, {last.step_ms:.3f} ms/step")
     if result.server_note != "-":
         parts.append(result.server_note)
+    if result.placement.startswith("not pinned:"):
+        parts.append(result.placement)
     return "; ".join(parts)
 
 
@@ -711,6 +724,8 @@ class BenchOptions:
     repeat_first: bool
     host_timers: int = 0
     eagle_steps: int = 0
+    cycles: int = 1
+    pin_scheduler: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {**{key: value for key, value in dataclasses.asdict(self).items()
@@ -762,7 +777,17 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                         help="serve every model with EAGLE speculative decoding (a one-layer "
                              "dummy draft built beside it, spec v2, topk 1, N draft steps, N + 1 "
                              "draft tokens), in every configuration (default 0: off)")
+    parser.add_argument("--cycles", type=int, default=1, metavar="N",
+                        help="start every configuration N times, in turn (off, all-checks, off, "
+                             "all-checks, ...); a configuration's figures pool its N servers "
+                             "(default 1: once each, and the first again at the end)")
+    parser.add_argument("--pin-scheduler", action=argparse.BooleanOptionalAction, default=False,
+                        help="once a server is ready, pin its scheduler process to the last "
+                             "physical core and the rest of the server and this script to the "
+                             "other CPUs (benchmark/cpu_pinning.py; default: off)")
     namespace = parser.parse_args(argv)
+    if namespace.cycles < 1:
+        parser.error(f"--cycles={namespace.cycles} is invalid; allowed: an integer >= 1")
     if namespace.eagle_steps < 0:
         parser.error(f"--eagle-steps={namespace.eagle_steps} is invalid; allowed: an integer "
                      ">= 0 (0: off)")
@@ -782,6 +807,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
         repeats=namespace.repeats, out=namespace.out, log_dir=namespace.log_dir,
         time_budget_s=namespace.time_budget_s, repeat_first=namespace.repeat_first,
         host_timers=namespace.host_timers, eagle_steps=namespace.eagle_steps,
+        cycles=namespace.cycles, pin_scheduler=namespace.pin_scheduler,
     )
 
 
@@ -878,6 +904,14 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
         configs = [with_host_timers(config, every_n_forwards=options.host_timers)
                    for config in configs]
     print(f"server logs: {log_dir}; time budget {options.time_budget_s:.0f} s", flush=True)
+    if options.pin_scheduler:
+        pinning = plan_pinning(os.sched_getaffinity(0))
+        if pinning is None:
+            print("--pin-scheduler: this process may use one physical core only; not pinning",
+                  flush=True)
+        else:
+            print(f"--pin-scheduler: {pinning.describe()}", flush=True)
+            measure = functools.partial(measure, pinning=pinning)
     results: dict[str, list[ConfigResult]] = {}
     with tempfile.TemporaryDirectory(prefix="kv_canary_bench_models_") as models_root:
         for name in options.models:
@@ -892,7 +926,7 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
             for result in iter_model_results(
                 model=model, model_dir=model_dir, configs=configs, workloads=workloads,
                 repeats=options.repeats, deadline=deadline, log_dir=log_dir,
-                repeat_first=options.repeat_first, measure=measure,
+                repeat_first=options.repeat_first, cycles=options.cycles, measure=measure,
             ):
                 results[name].append(result)
                 print(progress_line(model=model, result=result), flush=True)

@@ -3,10 +3,11 @@
 Every number of a table is a median over measured rounds; its noise is half the spread across
 those rounds ((max - min) / 2, see ``timing.Spread``). A ratio's noise adds the two sides'
 relative spreads (``timing.ratio``), an added-ms figure the two half-widths
-(``timing.difference``). A configuration's baseline pools the rounds of every server of the
-baseline configuration in the run (the first configuration of a run is started again at its
-end), so drift between those servers widens the baseline's spread; the second server's own row
-(``NAME#2``) compares it with the first (``NAME#1``) and shows the drift itself.
+(``timing.difference``). A configuration's row, and its baseline, pool the rounds of every
+server of that configuration in the run (the first configuration of a run is started again at
+its end; ``--cycles N`` starts every configuration N times, in turn), so drift between those
+servers widens the spread; a later server's own row (``NAME#k``) compares it with the first
+(``NAME#1``) and shows the drift itself.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ MEASURED = "measured"
 
 NOISE_NOTE = (
     "noise (the ± beside each figure): half of (max - min) across the measured rounds; for a "
-    "ratio the two sides' relative spreads added, for +ms the two half-widths added. A baseline "
-    "pools the rounds of every server of its configuration in this run (the run's first "
-    "configuration is started again at the end), so drift between those servers is part of its "
-    "spread; NAME#2 vs NAME#1 shows that drift.")
+    "ratio the two sides' relative spreads added, for +ms the two half-widths added. A "
+    "configuration's row, and a baseline, pool the rounds of every server of that configuration "
+    "in this run (the run's first configuration is started again at the end; with --cycles N "
+    "every configuration has N servers, started in turn), so drift between those servers is part "
+    "of its spread; NAME#k vs NAME#1 shows that drift.")
 
 
 # ----------------------------------------------------------------------------- results
@@ -76,6 +78,7 @@ class ConfigResult:
         command: the server's command line (empty when it was not started).
         log_path: the server's log file ("" when it was not started).
         kv_pool_tokens, max_running_requests: as the server logged them (None: not found).
+        placement: where its processes ran (``--pin-scheduler``; "" when it was not started).
     """
 
     config: str
@@ -89,6 +92,7 @@ class ConfigResult:
     log_path: str = ""
     kv_pool_tokens: int | None = None
     max_running_requests: int | None = None
+    placement: str = ""
 
     @property
     def label(self) -> str:
@@ -102,6 +106,7 @@ class ConfigResult:
                 "command": list(self.command), "log_path": self.log_path,
                 "kv_pool_tokens": self.kv_pool_tokens,
                 "max_running_requests": self.max_running_requests,
+                "placement": self.placement,
                 "workloads": {name: result.to_json() for name, result in self.workloads.items()}}
 
 
@@ -177,7 +182,8 @@ def _ratio(numerator: Spread | None, denominator: Spread | None) -> Spread | Non
 def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
                   baselines: Mapping[str, str | None],
                   vs_oracle: Collection[str]) -> list[Row]:
-    """One row per result, in order, on ``workload``.
+    """One row per result, in order, on ``workload``. A first server's row (``run`` 1) pools
+    the rounds of every server of its configuration; a later server's row is its own.
 
     Args:
         baselines: per configuration, the configuration it is compared with (None or absent:
@@ -203,7 +209,10 @@ def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
             baseline_label = baselines.get(result.config)
             reference = [r for r in results if r.config == baseline_label]
         oracle = [r for r in results if r.config == "oracle"]
-        own = {name: _pooled([result], workload=workload, read=read)
+        # a configuration's row pools all its servers; a later server's row is its own
+        own_results = ([r for r in results if r.config == result.config]
+                       if result.run == 1 else [result])
+        own = {name: _pooled(own_results, workload=workload, read=read)
                for name, read in (("tok_s", tok_s), ("ttft", ttft_ms), ("step", step_ms))}
         base = {name: _pooled(reference, workload=workload, read=read)
                 for name, read in (("tok_s", tok_s), ("ttft", ttft_ms), ("step", step_ms))}

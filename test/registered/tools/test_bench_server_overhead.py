@@ -70,6 +70,7 @@ def test_lists_keep_order_and_drop_repeats(tmp_path: pathlib.Path) -> None:
     (["--time-budget-s", "0"], "--time-budget-s=0.0 is invalid; allowed: > 0"),
     (["--host-timers", "-1"], "--host-timers=-1 is invalid; allowed: an integer >= 0 (0: off)"),
     (["--eagle-steps", "-2"], "--eagle-steps=-2 is invalid; allowed: an integer >= 0 (0: off)"),
+    (["--cycles", "0"], "--cycles=0 is invalid; allowed: an integer >= 1"),
 ])
 def test_bad_options_exit_2_naming_the_option(argv: list[str], fragment: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -488,7 +489,7 @@ def test_a_warm_up_that_does_not_fit_is_skipped() -> None:
 
 def _iterate(clock: _FakeClock, *, budget_s: float, configs: tuple[str, ...], cost_s: float,
              statuses: dict[str, str] | None = None, repeat_first: bool = True,
-             seen: list | None = None) -> list:
+             seen: list | None = None, cycles: int = 1) -> list:
     """Results of ``iter_model_results`` on the tiny model with stand-in servers that cost
     ``cost_s`` each and measure one bs1 round (unless ``statuses`` says otherwise)."""
     def measure(*, config, run, deadline, estimates, **_: object):
@@ -507,7 +508,7 @@ def _iterate(clock: _FakeClock, *, budget_s: float, configs: tuple[str, ...], co
         configs=[bench.CONFIGS[name] for name in configs],
         workloads=[workloads.WORKLOADS_BY_NAME["bs1"]], repeats=3,
         deadline=bench.Deadline.after(budget_s, clock=clock), log_dir=pathlib.Path("unused"),
-        repeat_first=repeat_first, measure=measure))
+        repeat_first=repeat_first, cycles=cycles, measure=measure))
 
 
 def test_the_first_configuration_is_repeated_at_the_end() -> None:
@@ -524,6 +525,20 @@ def test_the_first_configuration_is_repeated_at_the_end() -> None:
     assert [entry[2] for entry in seen] == [end, end, end - 100.0, end]
     assert seen[0][3] == {}  # the model's estimates; then what the last server measured
     assert seen[1][3] == {"bs1": bench.WorkloadEstimate(warm_up_s=7.0, round_s=3.0)}
+
+
+def test_cycles_start_every_configuration_in_turn_and_rows_pool_their_servers() -> None:
+    results = _iterate(_FakeClock(), budget_s=1000.0, configs=("off", "all-checks"),
+                       cost_s=10.0, cycles=3)
+    assert [(r.label, r.run) for r in results] == [
+        ("off", 1), ("all-checks", 1), ("off#2", 2), ("all-checks#2", 2), ("off#3", 3),
+        ("all-checks#3", 3)]  # no repeat of the first configuration at the end
+    rows = table.workload_rows(workload=workloads.WORKLOADS_BY_NAME["bs1"], results=results,
+                               baselines=bench.BASELINES, vs_oracle=bench.VS_ORACLE)
+    assert [(row.label, row.baseline, row.tok_s.samples) for row in rows] == [
+        ("off", "stock", 3), ("all-checks", "off", 3), ("off#2", "off#1", 1),
+        ("all-checks#2", "all-checks#1", 1), ("off#3", "off#1", 1),
+        ("all-checks#3", "all-checks#1", 1)]
 
 
 def test_budget_skips_what_no_longer_fits_and_keeps_time_for_the_repeat() -> None:
@@ -621,7 +636,9 @@ def test_rows_compare_with_the_declared_baseline_pooled_over_its_servers() -> No
         workload=_W, results=_fake_results(), baselines=bench.BASELINES,
         vs_oracle=bench.VS_ORACLE)
     assert (off.label, off.baseline, off.tok_s_ratio) == ("off", "stock", None)
-    assert off.tok_s.median == pytest.approx(100.0) and off.tok_s.relative_spread == 0.0
+    # a configuration's row pools its servers too: (100, 100, 90, 110)
+    assert off.tok_s.median == pytest.approx(100.0) and off.tok_s.relative_spread == 0.2
+    assert off.tok_s.samples == 4
     # all-checks vs both off servers pooled: tok/s (100, 100, 90, 110) -> median 100, spread 20%
     assert checks.baseline == "off"
     assert checks.tok_s_ratio.median == pytest.approx(0.98)
@@ -664,8 +681,8 @@ def test_table_text() -> None:
     assert lines[0] == "w: 1 x 100-token prompts, 11 new tokens; throughput = output tok/s"
     assert lines[1].split() == ["config", "vs", "tok/s", "x", "vs", "TTFT", "ms", "x", "vs",
                                 "ms/step", "+ms", "vs", "tok/s", "x", "oracle", "server", "log"]
-    assert lines[2].split() == ["off", "stock", "100", "±0.0%", "-", "10.0", "±0.0%", "-",
-                                "5.000", "±0.0%", "-", "-", "-"]
+    assert lines[2].split() == ["off", "stock", "100", "±10.0%", "-", "10.0", "±10.0%", "-",
+                                "5.000", "±0.0%", "-", "-", "-"]  # both off servers pooled
     assert lines[3].split() == [
         "all-checks", "off", "98", "±1.0%", "0.980", "±0.108", "10.5", "±0.0%", "1.050",
         "±0.105", "5.200", "±0.0%", "+0.200", "±0.000", "0.990", "±0.010", "canary", "on,", "9",

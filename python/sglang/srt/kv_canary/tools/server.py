@@ -201,6 +201,10 @@ class RunningServer:
         """The process group (the server leads it: started with setsid)."""
         return self._process.pid
 
+    def live_pids(self) -> list[int]:
+        """The pids of the server's processes that are still alive (its process group)."""
+        return _live_group_members(self.pgid)
+
     @property
     def returncode(self) -> int | None:
         """The launcher's exit code, or None while it runs."""
