@@ -25,6 +25,7 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from _token_check_batches import (
@@ -71,11 +72,15 @@ from sglang.srt.kv_canary.selfcheck.simulation import (
 )
 from sglang.srt.kv_canary.token_history.write_expectations import (
     WriteExpectations,
+    extend_expectations_on_host,
     write_input_assert_applies,
 )
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
-from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
-from sglang.srt.kv_canary.token_oracle.request_ids import MissingRequestIdsError
+from sglang.srt.kv_canary.token_oracle.oracle import HashOracle, hash_oracle_token_scalar
+from sglang.srt.kv_canary.token_oracle.request_ids import (
+    MissingRequestIdsError,
+    stable_hash_str_to_i64,
+)
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -83,6 +88,12 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=45, suite="kv-canary-cpu")
 
 _FB_INIT_NEW = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
+
+
+def _oracle_token(req, position: int) -> int:
+    """The oracle's token of a request without a bootstrap room at ``position``."""
+    return hash_oracle_token_scalar(generalized_req_id=stable_hash_str_to_i64(req.rid),
+                                    position=position, vocab_size=VOCAB_SIZE)
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -169,9 +180,15 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
         # the public views: the same words of the host upload buffer as the sections
         assert public.data_ptr() == section.data_ptr() and torch.equal(public, section)
     assert [d.row for d in inputs.row_updates.deferred] == [1, 2]
-    assert inputs.prompt_lens.tolist() == [3, 2]
-    # the write-input assert's prompt tokens: positions 0-2 of a, 1 of b (2 is generated)
-    assert inputs.prompt_tokens.tolist() == [5, 6, 7, 9, -1]
+    # a's forward writes its whole history: read once, before the forward (the expectations'
+    # prompt tokens come from it); b's cached prefix keeps its read after the model's enqueue
+    assert [None if d.history is None else d.history.tolist()
+            for d in inputs.row_updates.deferred] == [[5, 6, 7], None]
+    # the write-input assert's expectations: a's prompt tokens at positions 0-2, b's at 1, and
+    # at b's generated position 2 the oracle's token (its input was b's first output)
+    tokens, positions = inputs.extend_expectations.tolist()
+    assert positions == [0, 1, 2, 1, 2]
+    assert tokens == [5, 6, 7, 9, _oracle_token(reqs[1], 2)]
     deferred = runner.request_rows.prepare_deferred(inputs.row_updates.deferred)
     assert deferred.token_history.req_all_ids_lens.tolist() == [3, 3]
     assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7, 8, 9, 10]
@@ -187,10 +204,10 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
     history = inputs.row_updates.token_history
     assert history.req_all_ids_flat.tolist() == [11]  # incremental: only what the pool lacks
     assert history.req_all_ids_lens.tolist() == [4, 3]
-    assert inputs.prompt_lens is None  # decode rows: the oracle decides
+    assert inputs.extend_expectations is None  # decode rows: the oracle decides, in the forward
 
 
-def test_without_the_write_input_assert_no_prompt_lengths_are_attached(monkeypatch) -> None:
+def test_without_the_write_input_assert_no_expectations_are_attached(monkeypatch) -> None:
     server, _ = token_check_server(token_config(write_input=False))
     extend = _real_forward_batch(server, sglang_reqs([[5, 6, 7]]), mode=ForwardMode.EXTEND,
                                  prefix_lens=[0], monkeypatch=monkeypatch)
@@ -198,7 +215,7 @@ def test_without_the_write_input_assert_no_prompt_lengths_are_attached(monkeypat
     assert extend.req_all_ids_flat.tolist() == []  # a new owner: deferred
     deferred = server.runner.kv_canary.request_rows.prepare_deferred(inputs.row_updates.deferred)
     assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7]
-    assert inputs.prompt_lens is None and inputs.prompt_tokens is None
+    assert inputs.extend_expectations is None
 
 
 def test_init_new_hook_refuses_a_batch_without_one_request_per_row() -> None:
@@ -246,14 +263,13 @@ def test_hook_registry_applies_the_hook_to_the_real_classmethod() -> None:
         batch = model_worker_batch(mode=ForwardMode.EXTEND, reqs=sglang_reqs([[4, 5, 6]]),
                                    extend_prefix_lens=[0])
         forward_batch = ForwardBatch.init_new(batch=batch, model_runner=runner)
-        print(batch_inputs_of(forward_batch).prompt_tokens.tolist(),
-              batch_inputs_of(forward_batch).prompt_lens.tolist(),
+        print(*batch_inputs_of(forward_batch).extend_expectations.tolist(),
               forward_batch.rids_int.shape[0])
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "[4, 5, 6] [3] 1"
+    assert result.stdout.strip().splitlines()[-1] == "[4, 5, 6] [0, 1, 2] 1"
 
 
 # ----------------------------------------------------------------------------- before the forward
@@ -520,7 +536,7 @@ def test_expectations_grow_for_large_eager_forwards_and_keep_the_graph_buffer() 
     expectations = _write_expectations(capacity=4)
 
     def tokens(rows: int) -> torch.Tensor:
-        return expectations.compute(forward_batch=_decode_batch(rows), prompt_lens=None)[0]
+        return expectations.compute(forward_batch=_decode_batch(rows))[0]
 
     small, large, again = tokens(3), tokens(9), tokens(3)
     assert small.data_ptr() == again.data_ptr()  # what a captured graph holds never moves
@@ -529,7 +545,7 @@ def test_expectations_grow_for_large_eager_forwards_and_keep_the_graph_buffer() 
     assert expectations.capacity == 4
 
 
-def test_extend_expectations_need_the_prompt_lengths() -> None:
+def test_extend_expectations_come_from_init_new_and_cover_every_token() -> None:
     batch = ForwardBatch(
         forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=torch.zeros(3, dtype=torch.int64),
         req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([3]),
@@ -538,8 +554,51 @@ def test_extend_expectations_need_the_prompt_lengths() -> None:
         extend_prefix_lens=torch.tensor([0], dtype=torch.int32),
     )
     batch.rids_int, batch.bootstrap_room_ids_int = torch.tensor([7]), torch.tensor([-1])
-    with pytest.raises(RuntimeError, match="carries no prompt lengths"):
-        _write_expectations(capacity=4).compute(forward_batch=batch, prompt_lens=None)
+    expectations = _write_expectations(capacity=4)
+    with pytest.raises(RuntimeError, match="carries no expectations"):
+        expectations.compute(forward_batch=batch)
+    with pytest.raises(RuntimeError, match="has 3 tokens but ForwardBatch.init_new saw 2"):
+        expectations.compute(forward_batch=batch,
+                             extend_expectations=torch.zeros((2, 2), dtype=torch.int64))
+    sent = torch.arange(6, dtype=torch.int64).view(2, 3)
+    tokens, positions = expectations.compute(forward_batch=batch, extend_expectations=sent)
+    assert tokens.tolist() == [0, 1, 2] and positions.tolist() == [3, 4, 5]
+    assert tokens.data_ptr() == sent.data_ptr()  # views: no device work per extend forward
+
+
+def test_host_extend_expectations_match_the_oracle_and_the_prompts() -> None:
+    """Per row: positions prefix + j; the prompt's own tokens, then the oracle's for generated
+    positions (a retracted request prefilled again), with the generalized id (room if valid,
+    else the hashed rid); -1 past the rows (a token count larger than the rows' sum)."""
+    oracle = HashOracle(vocab_size=VOCAB_SIZE)
+    reqs = [SimpleNamespace(rid="a", bootstrap_room=None, origin_input_ids=[11, 12, 13]),
+            SimpleNamespace(rid="b", bootstrap_room=5, origin_input_ids=[21, 22]),
+            SimpleNamespace(rid="c", bootstrap_room=-3, origin_input_ids=[31])]
+    host = extend_expectations_on_host(reqs=reqs, prefix_lens=[1, 0, 2], extend_lens=[2, 4, 1],
+                                       num_tokens=8, oracle=oracle, pin_memory=False)
+    tokens, positions = host.tolist()
+
+    def predicted(gid: int, position: int) -> int:
+        return hash_oracle_token_scalar(generalized_req_id=gid, position=position,
+                                        vocab_size=VOCAB_SIZE)
+
+    rid_c = stable_hash_str_to_i64("c")  # room -3 is invalid: c is known by its rid
+    assert positions == [1, 2, 0, 1, 2, 3, 2, -1]
+    assert tokens == [12, 13, 21, 22, predicted(5, 2), predicted(5, 3), predicted(rid_c, 2), -1]
+    # a row's prompt tokens come from its already-read history array where one is given
+    from_arrays = extend_expectations_on_host(
+        reqs=reqs, prefix_lens=[1, 0, 2], extend_lens=[2, 4, 1], num_tokens=8, oracle=oracle,
+        pin_memory=False, prompt_sources=[np.array([11, 12, 13]), [21, 22], [31]])
+    assert from_arrays.tolist() == host.tolist()
+    # tokens beyond num_tokens are cut
+    cut = extend_expectations_on_host(reqs=reqs[:1], prefix_lens=[0], extend_lens=[3],
+                                      num_tokens=1, oracle=oracle, pin_memory=False)
+    assert cut.tolist() == [[11], [0]]
+    # the numpy oracle is the scalar reference, over the whole int64 id range
+    positions_np = np.array([0, 1, 2**31, 2**40 + 3], dtype=np.int64)
+    for gid in (0, 5, -1, -(2**63), 2**63 - 1, rid_c):
+        assert oracle.host_tokens(generalized_req_id=gid, positions=positions_np).tolist() == [
+            predicted(gid, int(p)) for p in positions_np]
 
 
 def _installed_not_serving(views: list) -> tuple[SimulatedServer, CanaryRunner]:

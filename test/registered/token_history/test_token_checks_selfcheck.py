@@ -99,13 +99,14 @@ def test_without_the_prompt_tokens_and_the_history_prompt_token_faults_are_misse
     """Take both sources of a prompt token's expectation away (the tokens sent with the batch,
     the history fallback): an input_ids fault on a prompt token (which the oracle does not
     predict) is then not reported in its own forward."""
-    original = CanaryRunner._prompt_expectations
+    original = CanaryRunner._extend_expectations
 
     def no_prompt_tokens(self, **kwargs):
-        prompt_lens, prompt_tokens = original(self, **kwargs)
-        return prompt_lens, torch.full_like(prompt_tokens, -1)
+        expectations = original(self, **kwargs).clone()
+        expectations[0] = -1  # no token expectation (positions stay)
+        return expectations
 
-    monkeypatch.setattr(CanaryRunner, "_prompt_expectations", no_prompt_tokens)
+    monkeypatch.setattr(CanaryRunner, "_extend_expectations", no_prompt_tokens)
     outcome = run_scenario(_SCENARIOS["input_ids fault, token checks"], page_size=4,
                            kernels=_kernels_writing_without_history())
     assert not outcome.passed and "missed" in outcome.detail

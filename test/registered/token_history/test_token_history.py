@@ -175,6 +175,42 @@ def test_deferred_admissions_reset_the_row_first_and_send_its_tokens_later(
         assert known.token_history.req_all_ids_flat.tolist() == [10]
 
 
+def test_a_fresh_admission_written_whole_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_uncached``: a deferred row that this forward writes whole (no cached prefix) is
+    read at ``prepare`` (the write-input expectations take its prompt tokens from that array)
+    and not again by ``prepare_deferred``; a row with a cached prefix, or whose forward writes
+    only a chunk, is still read after the model is enqueued. The uploads are the same."""
+    from sglang.srt.kv_canary.runner import request_rows
+
+    reads: list[int] = []
+    real_read = request_rows._history_array
+
+    def counting_read(origin, output, length, *, skip=0):
+        reads.append(length)
+        return real_read(origin, output, length, skip=skip)
+
+    monkeypatch.setattr(request_rows, "_history_array", counting_read)
+
+    def admit(read_uncached: bool) -> tuple[RowUpdates, RowUpdates]:
+        fresh, cached, chunk = (_req("fresh", [1, 2, 3], [], row=1), _req("cached", [4, 5], [], row=2),
+                                _req("chunk", [6, 7, 8, 9], [], row=3))
+        rows = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False)
+        early = rows.prepare(reqs=[fresh, cached, chunk], prefix_lens=[0, 1, 0],
+                             seq_lens=[3, 2, 2], defer_new_owners=True,
+                             read_uncached=read_uncached)
+        return early, rows.prepare_deferred(early.deferred)
+
+    early, late = admit(read_uncached=True)
+    assert [None if d.history is None else d.history.tolist() for d in early.deferred] == [
+        [1, 2, 3], None, None]
+    assert reads == [3, 2, 4]  # fresh at prepare; cached and chunk after the model is enqueued
+    reads.clear()
+    plain_early, plain_late = admit(read_uncached=False)
+    assert reads == [3, 2, 4] and all(d.history is None for d in plain_early.deferred)
+    assert torch.equal(early.packed, plain_early.packed)
+    assert torch.equal(late.packed, plain_late.packed)
+
+
 def test_an_eagle_draft_row_holds_the_request_s_tokens_from_index_1() -> None:
     """The EAGLE draft pool's slot ``p`` holds the token of ``p + 1``: with ``history_offset=1``
     the row's history and owner chains are those of ``(origin + output)[1:]``, whole, as tails

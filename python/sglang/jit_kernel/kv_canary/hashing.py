@@ -115,6 +115,7 @@ def chain_after_scalar(*, tokens: Sequence[int]) -> int:
 # ----------------------------------------------------------------------------- numpy (host)
 
 _U64_CHAIN_SALT = np.uint64(CHAIN_SALT)
+_CHAIN_OF_NOTHING = to_signed_i64(CHAIN_ANCHOR)
 _U64_TOKEN_MASK = np.uint64(TOKEN_MASK)
 
 
@@ -131,10 +132,13 @@ def mix64_numpy(x: np.ndarray) -> np.ndarray:
 def chain_after_numpy(tokens: np.ndarray) -> int:
     """:func:`chain_after_scalar` of an int64 (or uint64) array ``[n]``, vectorized on the host
     (``tokens`` is not modified): about 5 ns per token plus what building ``tokens`` from a list
-    costs."""
+    costs, and nothing for an empty array (the chain of position 0, ``CHAIN_ANCHOR``: a request
+    with no cached prefix, whose ten numpy calls cost more than the rest of its admission)."""
     if tokens.ndim != 1 or tokens.dtype not in (np.int64, np.uint64):
         raise TypeError(f"chain_after_numpy expects a 1-D int64 array, got {tokens.dtype} "
                         f"{tokens.shape}")
+    if tokens.shape[0] == 0:
+        return _CHAIN_OF_NOTHING
     x = tokens.view(np.uint64) & _U64_TOKEN_MASK  # a new array
     x <<= np.uint64(32)
     x ^= np.arange(x.shape[0], dtype=np.uint64)

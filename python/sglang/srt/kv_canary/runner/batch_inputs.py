@@ -45,10 +45,9 @@ class CanaryBatchInputs:
         rids_int / bootstrap_room_ids_int: int64 ``[rows]`` device tensors (token oracle).
         row_updates: host bookkeeping of the batch's request rows and the packed host data
             (token-history tokens, owner chain values) to upload before the forward.
-        prompt_lens: int64 ``[rows]`` device tensor, each row's prompt length (write-input
-            assert, EXTEND / MIXED batches).
-        prompt_tokens: int64 ``[num_tokens]`` device tensor, the request's own token at each
-            prompt position of the batch, -1 elsewhere (write-input assert, EXTEND / MIXED).
+        extend_expectations: int64 ``[2, num_tokens]`` device tensor, the expected token
+            and position of each token (write-input assert, EXTEND / MIXED batches; see
+            :func:`~sglang.srt.kv_canary.token_history.write_expectations.extend_expectations_on_host`).
         sampled_rows: the rows' rids and sampled positions (the next-token-swap log line).
     """
 
@@ -56,8 +55,7 @@ class CanaryBatchInputs:
     rids_int: torch.Tensor | None = None
     bootstrap_room_ids_int: torch.Tensor | None = None
     row_updates: RowUpdates | None = None
-    prompt_lens: torch.Tensor | None = None
-    prompt_tokens: torch.Tensor | None = None
+    extend_expectations: torch.Tensor | None = None
     sampled_rows: SampledRows | None = None
 
     def replace(self, **changes: Any) -> CanaryBatchInputs:

@@ -115,6 +115,7 @@ from sglang.srt.kv_canary.runner.sweep import RadixSweep, unsupported_sweep_cach
 from sglang.srt.kv_canary.token_history.history import TokenHistory
 from sglang.srt.kv_canary.token_history.write_expectations import (
     WriteExpectations,
+    extend_expectations_on_host,
     write_input_assert_applies,
 )
 from sglang.srt.kv_canary.token_oracle.eagle_verify import sample_verify_with_oracle
@@ -567,7 +568,7 @@ class CanaryRunner:
             )
         mode = forward_batch.forward_mode
         kind = forward_kind(forward_batch) if self.request_rows is not None else None
-        rids_int = rooms = sampled_rows = prompt_lens = prompt_tokens = None
+        rids_int = rooms = sampled_rows = extend_expectations = None
         if self.config.enable_token_oracle:
             rids_int, rooms = self._batch_ids.tensors_for(
                 rids=[req.rid for req in reqs],
@@ -586,18 +587,19 @@ class CanaryRunner:
                 # EXTEND / MIXED forwards run eagerly: their post launch comes after the model
                 # is enqueued, so new owners' tokens are read while the device runs the model
                 defer_new_owners=kind is ForwardKind.EXTEND,
+                # the write-input expectations read a fresh prompt's tokens anyway: one read
+                read_uncached=self.write_expectations is not None,
             )
         if self.write_expectations is not None and mode in _EXTEND_MODES:
-            prompt_lens, prompt_tokens = self._prompt_expectations(
-                reqs=reqs, forward_batch=forward_batch
+            extend_expectations = self._extend_expectations(
+                reqs=reqs, forward_batch=forward_batch, row_updates=row_updates
             )
         inputs = CanaryBatchInputs(
             runner=self,
             rids_int=rids_int,
             bootstrap_room_ids_int=rooms,
             row_updates=row_updates,
-            prompt_lens=prompt_lens,
-            prompt_tokens=prompt_tokens,
+            extend_expectations=extend_expectations,
             sampled_rows=sampled_rows,
         )
         attach_batch_inputs(forward_batch, inputs)
@@ -994,31 +996,32 @@ class CanaryRunner:
             )
         self.request_rows.commit(updates)
 
-    def _prompt_expectations(
-        self, *, reqs: Any, forward_batch: ForwardBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Device int64 ``[rows]`` prompt length of each row and int64 ``[num_tokens]`` the
-        request's own token at each prompt position of the batch (-1 at generated positions
-        and past the rows), from one host buffer and one non-blocking copy. The write-input
-        assert compares prompt tokens with these, so it needs no token history on the device
+    def _extend_expectations(
+        self, *, reqs: Any, forward_batch: ForwardBatch, row_updates: RowUpdates | None
+    ) -> torch.Tensor:
+        """Device int64 ``[2, num_tokens]``: the write-input assert's expected token and
+        position of every token of an EXTEND / MIXED batch, built on the host
+        (:func:`extend_expectations_on_host`; the prompt tokens of a row whose whole history
+        ``row_updates`` already read come from that array) and sent with one non-blocking copy.
+        The assert compares prompt tokens with these, so it needs no token history on the device
         (a deferred admission's history arrives after the pre launch)."""
-        rows = len(reqs)
-        num_tokens = forward_batch.input_ids.shape[0]
+        early = {
+            admission.row: admission.history
+            for admission in (row_updates.deferred if row_updates is not None else ())
+            if admission.history is not None
+        }
         pin = self._device.type == "cuda"
-        host = torch.full((rows + num_tokens,), -1, dtype=torch.int64, pin_memory=pin)
-        array = host.numpy()
-        start = rows
-        for index, (req, prefix_len, count) in enumerate(zip(
-            reqs, forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
-        )):
-            origin = req.origin_input_ids
-            array[index] = len(origin)
-            prompt = origin[prefix_len : prefix_len + count]
-            end = min(start + len(prompt), rows + num_tokens)
-            array[start:end] = prompt[: end - start]
-            start += count
-        device = host.to(self._device, non_blocking=pin)
-        return device[:rows], device[rows:]
+        host = extend_expectations_on_host(
+            reqs=reqs,
+            prefix_lens=forward_batch.extend_prefix_lens_cpu,
+            extend_lens=forward_batch.extend_seq_lens_cpu,
+            num_tokens=forward_batch.input_ids.shape[0],
+            oracle=self.oracle.oracle,
+            pin_memory=pin,
+            prompt_sources=[early.get(req.req_pool_idx, req.origin_input_ids) for req in reqs]
+            if early else None,
+        )
+        return host.to(self._device, non_blocking=pin)
 
     def _token_check_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
         """The token-check fields of the batch view (history, write-input expectations)."""
@@ -1040,8 +1043,7 @@ class CanaryRunner:
             return fields
         tokens, positions = self.write_expectations.compute(
             forward_batch=forward_batch,
-            prompt_lens=None if inputs is None else inputs.prompt_lens,
-            prompt_tokens=None if inputs is None else inputs.prompt_tokens,
+            extend_expectations=None if inputs is None else inputs.extend_expectations,
         )
         fields["expected_input_ids"] = tokens
         fields["expected_positions"] = positions

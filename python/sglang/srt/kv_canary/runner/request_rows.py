@@ -26,6 +26,9 @@ then reads the request's tokens while the device runs the model forward (the run
 after enqueuing the model, before the post launch): the whole history, and the owner chain of
 the prefix, which the admission launch (:mod:`sglang.jit_kernel.kv_canary.admission_owner`)
 checks exactly as the pre launch would have (same violation row) before the post launch runs.
+A row this forward writes whole (no cached prefix) is the exception when the caller reads its
+prompt anyway (the write-input assert's expectations, ``prepare(read_uncached=True)``): its
+history is read once, at ``prepare``, and that array serves both.
 
 An owner is the request object (held by weak reference and compared by identity: a new object
 at a recycled address, or one equal by value, is a new owner) plus its retraction count and the
@@ -127,13 +130,15 @@ class AdmissionSection:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeferredAdmission:
     """A row whose new owner's history and owner chain are sent after the model is enqueued
-    (``prefix_len``: tokens cached before this forward; ``writes``: whether it writes any)."""
+    (``prefix_len``: tokens cached before this forward; ``writes``: whether it writes any;
+    ``history``: the whole history, when :meth:`RequestRows.prepare` already read it)."""
 
     row: int
     request: RequestHistory
     owner: _OwnerKey
     prefix_len: int
     writes: bool
+    history: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,6 +333,7 @@ class RequestRows:
         prefix_lens: Sequence[int] | Callable[[], Sequence[int]],
         seq_lens: Sequence[int],
         defer_new_owners: bool = False,
+        read_uncached: bool = False,
     ) -> RowUpdates:
         """Pack what one forward over ``reqs`` must upload (host only, never touches a device).
 
@@ -339,6 +345,11 @@ class RequestRows:
             defer_new_owners: leave the tokens and chains of rows with a new owner to
                 :meth:`prepare_deferred` (see the module docstring; incremental mode only, and
                 only for a forward whose post launch runs eagerly after the caller can send them).
+            read_uncached: with ``defer_new_owners`` and the token history on, read now the whole
+                history of a deferred row that this forward writes whole (no cached prefix,
+                ``seq_len`` covering its history: the caller reads those tokens before the
+                forward anyway) into its :class:`DeferredAdmission`, so that
+                :meth:`prepare_deferred` does not read it again.
         Raises:
             ValueError: a request has no ``req_pool_idx``, or the lengths differ.
         """
@@ -365,6 +376,7 @@ class RequestRows:
         deferred: list[DeferredAdmission] = []
         unknown = 0
         defer = defer_new_owners and self._incremental
+        read_early = defer and read_uncached and self.keeps_token_history
         incremental = self._incremental
         skip = self.history_offset
         keeps_history = self.keeps_token_history
@@ -391,9 +403,15 @@ class RequestRows:
             rows.append(row)
             if defer and new_owner:
                 # the device forgets the row's previous owner now; its own tokens come later
+                # (read now only when this forward writes them all: see read_uncached)
+                whole = max(len(origin) + len(output) - skip, 0)
+                early_history = (
+                    _history_array(origin, output, whole, skip=skip)
+                    if read_early and prefix_len == 0 and seq_len >= whole else None
+                )
                 deferred.append(DeferredAdmission(
                     row=row, request=req, owner=owner, prefix_len=int(prefix_len),
-                    writes=seq_len > prefix_len,
+                    writes=seq_len > prefix_len, history=early_history,
                 ))
                 history_lens.append(0)
                 segment_lens.append(0)
@@ -526,8 +544,9 @@ class RequestRows:
         """Pack what the admissions :meth:`prepare` deferred need: each row's whole history
         (token history on) and the owner chain of its prefix (owner chains on, for a row that
         writes this forward; none when the request has fewer tokens than its prefix, which the
-        device then keeps as adopted). Reads each request's token lists once; host only.
-        Commit it once uploaded."""
+        device then keeps as adopted). Reads each request's token lists once, or not at all
+        where :meth:`prepare` already did (``DeferredAdmission.history``); host only. Commit it
+        once uploaded."""
         rows: list[int] = []
         history_lens: list[int] = []
         chunks: list[list[int] | np.ndarray] = []
@@ -540,7 +559,9 @@ class RequestRows:
             read = history_len if self.keeps_token_history else min(
                 admission.prefix_len, history_len
             )
-            tokens = _history_array(origin, output, read, skip=self.history_offset)
+            tokens = admission.history
+            if tokens is None or len(tokens) != read:
+                tokens = _history_array(origin, output, read, skip=self.history_offset)
             rows.append(admission.row)
             history_lens.append(history_len)
             chunks.append(tokens)

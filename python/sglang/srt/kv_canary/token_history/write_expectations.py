@@ -1,15 +1,19 @@
 """What the write-input assert expects each written token and position to be.
 
-Computed inside the forward (so inside captured CUDA graphs) into a preallocated
-:class:`~sglang.srt.kv_canary.token_oracle.manager.ExpectedInputs`:
-
-* decode rows: the oracle's token at the row's position (from the graph-resident request ids
-  inside a captured graph);
-* extend rows: the oracle's token for every *generated* token (position >= the request's
-  prompt length: the decode rows of a MIXED batch, the outputs of a retracted request prefilled
-  again); for prompt tokens the request's own token, sent with the batch from its
-  ``origin_input_ids`` (so extend rows are checked against the request, not against
-  themselves, also in a request's first forward, before its token history reaches the device).
+* decode-like forwards (DECODE, TARGET_VERIFY, DRAFT_EXTEND_V2, SPLIT_PREFILL): computed inside
+  the forward (so inside captured CUDA graphs) into a preallocated
+  :class:`~sglang.srt.kv_canary.token_oracle.manager.ExpectedInputs`: for decode rows the
+  oracle's token at the row's position (from the graph-resident request ids inside a captured
+  graph);
+* EXTEND / MIXED forwards (eager, never captured): built on the host at ``ForwardBatch.init_new``
+  by :func:`extend_expectations_on_host` from the scheduler's own lists and sent with one
+  copy: each token's position (``extend_prefix_lens[r] + j``), and for a prompt position the
+  request's own token from its ``origin_input_ids`` (so extend rows are checked against the
+  request, not against themselves, also in a request's first forward, before its token history
+  reaches the device), for a *generated* position (>= the prompt length: the decode rows of a
+  MIXED batch, the outputs of a retracted request prefilled again) the oracle's token. Building
+  them on the host replaced about forty small eager torch ops per extend forward (0.86 ms of
+  host time per forward on the H200 host, ``benchmark/results/2026-11-27-h200-tiny-pinned.txt``).
 
 Off for EAGLE draft-decode forwards (their inputs are draft tokens, and draft slot ``p`` holds
 the token of position ``p + 1``).
@@ -21,13 +25,76 @@ for an eager forward larger than any seen before.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 import torch
 
-from sglang.srt.kv_canary.token_oracle.manager import ExpectedInputs, TokenOracleManager
-from sglang.srt.kv_canary.token_oracle.request_ids import generalized_req_ids_of
+from sglang.srt.kv_canary.token_oracle.manager import (
+    NO_EXPECTATION,
+    ExpectedInputs,
+    TokenOracleManager,
+)
+from sglang.srt.kv_canary.token_oracle.oracle import TokenOracle
+from sglang.srt.kv_canary.token_oracle.request_ids import room_to_i64, stable_hash_str_to_i64
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+
+def extend_expectations_on_host(
+    *,
+    reqs: Sequence[Any],
+    prefix_lens: Sequence[int],
+    extend_lens: Sequence[int],
+    num_tokens: int,
+    oracle: TokenOracle,
+    pin_memory: bool,
+    prompt_sources: Sequence[Sequence[int] | np.ndarray] | None = None,
+) -> torch.Tensor:
+    """The write-input expectations of an EXTEND / MIXED batch, on the host.
+
+    Args:
+        reqs: the batch's requests, one per row (SGLang's ``Req``: ``origin_input_ids``,
+            ``rid``, ``bootstrap_room``).
+        prefix_lens / extend_lens: each row's cached prefix and its tokens in this forward
+            (``extend_prefix_lens_cpu`` / ``extend_seq_lens_cpu``).
+        num_tokens: the forward's token count (``input_ids.shape[0]``).
+        oracle: predicts a generated position's token.
+        pin_memory: pin the buffer (CUDA: the upload is then asynchronous).
+        prompt_sources: per row, what its prompt tokens are copied from: by default its
+            ``origin_input_ids``; an int64 array of its whole history (``origin_input_ids +
+            output_ids``, already read for the token history) is copied from without reading
+            the request's list again.
+    Returns:
+        int64 ``[2, num_tokens]`` CPU tensor: row 0 the expected token, row 1 the expected
+        position of each token, :data:`NO_EXPECTATION` past the rows' tokens (the canary kernel
+        takes both rows at any offset without a new specialization). Row ``r``'s token ``j`` is at
+        position ``prefix_lens[r] + j``; its token is ``origin_input_ids[position]`` for a prompt
+        position, else the oracle's token for the request's generalized id (its bootstrap room
+        when it has a valid one, else its hashed rid) at that position.
+    """
+    host = torch.full((2, num_tokens), NO_EXPECTATION, dtype=torch.int64, pin_memory=pin_memory)
+    tokens, positions = host.numpy()
+    start = 0
+    sources = prompt_sources or [req.origin_input_ids for req in reqs]
+    for req, source, prefix_len, count in zip(reqs, sources, prefix_lens, extend_lens):
+        end = min(start + count, num_tokens)
+        if end > start:
+            written = np.arange(prefix_len, prefix_len + end - start, dtype=np.int64)
+            positions[start:end] = written
+            from_prompt = min(max(len(req.origin_input_ids) - prefix_len, 0), end - start)
+            if from_prompt:
+                tokens[start : start + from_prompt] = source[prefix_len : prefix_len + from_prompt]
+            if start + from_prompt < end:
+                room = room_to_i64(req.bootstrap_room)
+                tokens[start + from_prompt : end] = oracle.host_tokens(
+                    generalized_req_id=room if room >= 0 else stable_hash_str_to_i64(req.rid),
+                    positions=written[from_prompt:],
+                )
+        start += count
+    return host
 
 
 def write_input_assert_applies(forward_batch: ForwardBatch) -> bool:
@@ -74,61 +141,35 @@ class WriteExpectations:
         return 2 * self._expected.capacity * self._expected.tokens.element_size()
 
     def compute(
-        self, *, forward_batch: ForwardBatch, prompt_lens: torch.Tensor | None,
-        prompt_tokens: torch.Tensor | None = None,
+        self, *, forward_batch: ForwardBatch, extend_expectations: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 ``[num_tokens]`` expected tokens and positions of ``forward_batch``.
 
         Args:
-            prompt_lens: int64 ``[rows]`` prompt length of each row (EXTEND / MIXED batches).
-            prompt_tokens: int64 ``[num_tokens]`` the request's token at each prompt position,
-                -1 elsewhere (EXTEND / MIXED batches; None: prompt tokens get no expectation
-                here and the write kernel compares them with the token history).
+            extend_expectations: int64 ``[2, num_tokens]`` device tensor of
+                :func:`extend_expectations_on_host` (EXTEND / MIXED batches: returned as they are;
+                other batches: ignored).
         Raises:
             MissingRequestIdsError: the batch carries no request ids.
             RuntimeError: a captured forward has more tokens than the preallocated capacity, or
-                an EXTEND / MIXED batch carries no prompt lengths.
+                an EXTEND / MIXED batch carries no expectations, or not one per token.
         """
         num_tokens = forward_batch.input_ids.shape[0]
-        expected = self._buffer_for(num_tokens)
-        self._oracle.fill_expected_inputs(forward_batch=forward_batch, expected_inputs_out=expected)
-        tokens = expected.tokens[:num_tokens]
-        positions = expected.positions[:num_tokens]
         if forward_batch.forward_mode in _EXTEND_MODES:
-            if prompt_lens is None:
+            if extend_expectations is None:
                 raise RuntimeError(
                     "KV canary write-input assert: this EXTEND/MIXED ForwardBatch carries no "
-                    "prompt lengths; the ForwardBatch.init_new hook did not run for it"
+                    "expectations; the ForwardBatch.init_new hook did not run for it"
                 )
-            if prompt_tokens is not None:
-                tokens.copy_(prompt_tokens[:num_tokens])
-            self._predict_generated_tokens(
-                forward_batch=forward_batch, prompt_lens=prompt_lens, tokens=tokens,
-                positions=positions,
-            )
-        return tokens, positions
-
-    def _predict_generated_tokens(
-        self, *, forward_batch: ForwardBatch, prompt_lens: torch.Tensor, tokens: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> None:
-        """The oracle's token for every token of an extend row at a position past its request's
-        prompt. Eager batches only (EXTEND / MIXED are never captured); no host sync."""
-        rows = prompt_lens.shape[0]
-        if rows == 0:
-            return
-        lengths = forward_batch.extend_seq_lens[:rows].to(torch.int64)
-        ends = torch.cumsum(lengths, dim=0)
-        token_index = torch.arange(tokens.shape[0], dtype=torch.int64, device=tokens.device)
-        owner = torch.searchsorted(ends, token_index, right=True)
-        in_rows = owner < rows
-        owner = owner.clamp(max=rows - 1)
-        ids = generalized_req_ids_of(forward_batch)[:rows][owner]
-        generated = in_rows & (positions >= prompt_lens[owner])
-        predicted = self._oracle.oracle.expected_tokens(
-            generalized_req_ids=ids, positions=positions
-        )
-        tokens.copy_(torch.where(generated, predicted.to(torch.int64), tokens))
+            if extend_expectations.shape[1] != num_tokens:
+                raise RuntimeError(
+                    f"KV canary write-input assert: this EXTEND/MIXED ForwardBatch has {num_tokens} "
+                    f"tokens but ForwardBatch.init_new saw {extend_expectations.shape[1]}"
+                )
+            return extend_expectations[0], extend_expectations[1]
+        expected = self._buffer_for(num_tokens)
+        self._oracle.fill_expected_inputs(forward_batch=forward_batch, expected_inputs_out=expected)
+        return expected.tokens[:num_tokens], expected.positions[:num_tokens]
 
     def _buffer_for(self, num_tokens: int) -> ExpectedInputs:
         """The preallocated expectations, or (eager forwards only) a larger overflow buffer.

@@ -2,8 +2,9 @@
 
 :class:`HashOracle` is SPEC §4's oracle: ``token = mix64(gen_req_id XOR position) mod vocab_size``
 with unsigned 64-bit semantics (SplitMix64 finalizer, logical shifts, wrap-around multiplies,
-unsigned modulo) computed on int64 tensors. :func:`hash_oracle_token_scalar` is its pure-Python
-reference; the two agree bit for bit.
+unsigned modulo) computed on int64 tensors, or on the host with numpy
+(:meth:`HashOracle.host_tokens`). :func:`hash_oracle_token_scalar` is its pure-Python reference;
+the three agree bit for bit.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from sglang.jit_kernel.kv_canary.hashing import (
+    U64_MASK,
+    mix64_numpy,
     mix64_scalar,
     mix64_torch,
     require_int64_same_shape,
@@ -35,6 +39,11 @@ class TokenOracle(Protocol):
         self, *, generalized_req_ids: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
         """int32 tokens in ``[0, vocab_size)``, elementwise over two int64 tensors of one shape."""
+        ...
+
+    def host_tokens(self, *, generalized_req_id: int, positions: np.ndarray) -> np.ndarray:
+        """:meth:`expected_tokens` of one request on the host: int64 ``[n]`` tokens at int64
+        ``positions [n]``."""
         ...
 
     def write_tokens(
@@ -91,6 +100,12 @@ class HashOracle:
                                  ("positions", positions))
         mixed = mix64_torch(generalized_req_ids ^ positions)
         return unsigned_mod_torch(mixed, self.vocab_size).to(torch.int32)
+
+    def host_tokens(self, *, generalized_req_id: int, positions: np.ndarray) -> np.ndarray:
+        """The oracle's tokens of one request on the host (numpy, vectorized): int64 ``[n]``, at
+        int64 ``positions [n]``; ``generalized_req_id`` is a signed int64 value."""
+        mixed = positions.astype(np.uint64) ^ np.uint64(generalized_req_id & U64_MASK)
+        return (mix64_numpy(mixed) % np.uint64(self.vocab_size)).astype(np.int64)
 
     def write_tokens(
         self,
