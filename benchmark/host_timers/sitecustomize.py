@@ -7,7 +7,13 @@ real host costs, unlike a profiler's), and the process that runs forwards logs o
 Used by ``bench_server_overhead.py --host-timers``; never imported by the package itself.
 
 ``KV_CANARY_HOST_TIMERS_EXTRA="module:Attr.path,module:function,..."`` times more functions
-(wrapped first, so a module that later imports one of them by name gets the timed one).
+(wrapped first, so a module that later imports one of them by name gets the timed one). A module
+or attribute that the installed code does not have is left out, so one list serves several
+versions of the package.
+
+Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
+``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
+``xcalls`` is the share of eager forwards and their mean is per eager (mostly EXTEND) forward.
 """
 
 from __future__ import annotations
@@ -61,6 +67,12 @@ TIMED = (
     ("sglang.srt.kv_canary.monitor.counter_snapshots", "CounterSnapshotPipe.enqueue"),
     ("sglang.srt.kv_canary.monitor.health", "HealthChecker.check"),
     ("sglang.srt.layers.sampler", "Sampler.forward"),
+    # eager (extend) forwards
+    ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner.launch_before_model"),
+    ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner.launch_after_model"),
+    ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner._extend_expectations"),
+    ("sglang.srt.kv_canary.token_history.write_expectations", "WriteExpectations.compute"),
+    ("sglang.srt.kv_canary.runner.request_rows", "RequestRows.prepare_deferred"),
 )
 
 
@@ -127,7 +139,9 @@ def _install() -> None:
         except Exception:  # a module this SGLang does not have: leave it untimed
             continue
         owner, _, attribute = path.rpartition(".")
-        holder = getattr(module, owner) if owner else module
+        holder = getattr(module, owner, None) if owner else module
+        if holder is None or not hasattr(holder, attribute):  # another version: leave it out
+            continue
         setattr(holder, attribute, _wrap(path, getattr(holder, attribute)))
 
 

@@ -146,6 +146,34 @@ def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptu
         timers.extra_timed("a.b")
 
 
+def test_the_timing_sitecustomize_leaves_out_what_the_installed_code_lacks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One list serves several package versions: a missing module, class or function is skipped,
+    the rest is wrapped; the shipped list names this version's extend-forward functions."""
+    import importlib.util
+    import types
+
+    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")
+    spec = importlib.util.spec_from_file_location(
+        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
+    timers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timers)
+    assert {"CanaryRunner.launch_before_model", "CanaryRunner._extend_expectations",
+            "WriteExpectations.compute", "RequestRows.prepare_deferred"} <= {
+        path for _, path in timers.TIMED}
+    module = types.ModuleType("kv_canary_fake_timed")
+    module.Runner = type("Runner", (), {"kept": lambda self: 1})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(timers, "_EVERY", 1000)
+    monkeypatch.setattr(timers, "_EXTRA", ())
+    monkeypatch.setattr(timers, "TIMED", (
+        (module.__name__, "Runner.kept"), (module.__name__, "Runner.gone"),
+        (module.__name__, "Missing.f"), ("kv_canary_no_such_module", "f")))
+    timers._install()
+    assert module.Runner().kept() == 1 and timers._totals["Runner.kept"][1] == 1
+    assert "Runner.gone" not in timers._totals and "Missing.f" not in timers._totals
+
+
 # ----------------------------------------------------------------------------- configurations
 
 def test_configs_differ_only_in_what_they_name() -> None:
