@@ -138,7 +138,8 @@ class DeferredAdmission:
     owner: _OwnerKey
     prefix_len: int
     writes: bool
-    history: np.ndarray | None = None
+    # (an array: not compared, so admissions and their updates stay comparable with ==)
+    history: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
