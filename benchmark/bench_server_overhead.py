@@ -73,7 +73,8 @@ server. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary insta
 
     python benchmark/bench_server_overhead.py [--models 8b,tiny] [--configs off,all-checks,...]
         [--workloads decode64,prefill64x512,...] [--repeats 3] [--out FILE.json]
-        [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first]
+        [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first] [--cycles N]
+        [--pin-scheduler] [--host-timers N] [--eagle-steps N]
 
     # the whole 8b table, nine servers (about 35 minutes)
     python benchmark/bench_server_overhead.py --models 8b --time-budget-s 2400 \
