@@ -566,6 +566,17 @@ def test_extend_expectations_come_from_init_new_and_cover_every_token() -> None:
     assert tokens.data_ptr() == sent.data_ptr()  # views: no device work per extend forward
 
 
+def test_a_decode_batch_padded_into_extend_keeps_the_decode_expectations() -> None:
+    """DP-attention max-len padding turns a decode batch into EXTEND after ``init_new`` (which
+    attached no extend expectations): its original mode decides, as in fill_expected_inputs."""
+    expectations = _write_expectations(capacity=4)
+    decode = expectations.compute(forward_batch=_decode_batch(3))[0].tolist()
+    padded = _decode_batch(3)
+    padded._original_forward_mode = ForwardMode.DECODE
+    padded.forward_mode = ForwardMode.EXTEND
+    assert expectations.compute(forward_batch=padded)[0].tolist() == decode
+
+
 def test_host_extend_expectations_match_the_oracle_and_the_prompts() -> None:
     """Per row: positions prefix + j; the prompt's own tokens, then the oracle's for generated
     positions (a retracted request prefilled again), with the generalized id (room if valid,

@@ -23,6 +23,7 @@ from sglang.srt.kv_canary.token_oracle.request_ids import (
     BatchRequestIds,
     MissingRequestIdsError,
     bootstrap_rooms_to_tensor,
+    generalized_req_id,
     generalized_req_ids_of,
     hash_rids_to_tensor,
     request_ids_of,
@@ -133,6 +134,20 @@ def test_select_generalized_req_ids_prefers_non_negative_rooms() -> None:
     assert selected.tolist() == [rid_hash("a"), 0, 123, -9]
     assert selected.tolist() == [generalized_id("a"), generalized_id("b", 0),
                                  generalized_id("c", 123), -9]
+
+
+def test_the_host_generalized_id_is_the_tensor_rule_per_element() -> None:
+    """The host form (the write-input expectations of extend forwards) and the tensor form
+    agree; an invalid room falls back to the hashed rid like :func:`room_to_i64` says."""
+    cases = [("a", None), ("b", 0), ("c", 123), ("d", -3), ("e", 2**64)]
+    host = [generalized_req_id(rid=rid, bootstrap_room=room) for rid, room in cases]
+    assert host == [generalized_id("a"), generalized_id("b", 0), generalized_id("c", 123),
+                    generalized_id("d"), generalized_id("e")]
+    rids_int, rooms = request_ids_to_tensors(rids=[rid for rid, _ in cases],
+                                             bootstrap_rooms=[room for _, room in cases],
+                                             device="cpu")
+    assert select_generalized_req_ids(vanilla_req_ids=rids_int,
+                                      bootstrap_room_ids_int=rooms).tolist() == host
 
 
 def test_select_generalized_req_ids_without_rooms_is_the_vanilla_ids() -> None:

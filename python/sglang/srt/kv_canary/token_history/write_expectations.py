@@ -37,7 +37,7 @@ from sglang.srt.kv_canary.token_oracle.manager import (
     TokenOracleManager,
 )
 from sglang.srt.kv_canary.token_oracle.oracle import TokenOracle
-from sglang.srt.kv_canary.token_oracle.request_ids import room_to_i64, stable_hash_str_to_i64
+from sglang.srt.kv_canary.token_oracle.request_ids import generalized_req_id
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
@@ -88,9 +88,10 @@ def extend_expectations_on_host(
             if from_prompt:
                 tokens[start : start + from_prompt] = source[prefix_len : prefix_len + from_prompt]
             if start + from_prompt < end:
-                room = room_to_i64(req.bootstrap_room)
                 tokens[start + from_prompt : end] = oracle.host_tokens(
-                    generalized_req_id=room if room >= 0 else stable_hash_str_to_i64(req.rid),
+                    generalized_req_id=generalized_req_id(
+                        rid=req.rid, bootstrap_room=req.bootstrap_room
+                    ),
                     positions=written[from_prompt:],
                 )
         start += count
@@ -155,7 +156,10 @@ class WriteExpectations:
                 an EXTEND / MIXED batch carries no expectations, or not one per token.
         """
         num_tokens = forward_batch.input_ids.shape[0]
-        if forward_batch.forward_mode in _EXTEND_MODES:
+        # as fill_expected_inputs: a decode batch that DP-attention padding turned into EXTEND
+        # (after init_new) keeps its original mode's expectations
+        mode = getattr(forward_batch, "_original_forward_mode", None) or forward_batch.forward_mode
+        if mode in _EXTEND_MODES:
             if extend_expectations is None:
                 raise RuntimeError(
                     "KV canary write-input assert: this EXTEND/MIXED ForwardBatch carries no "

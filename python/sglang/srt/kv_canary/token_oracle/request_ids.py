@@ -129,6 +129,13 @@ def request_ids_to_tensors(
     return both[0], both[1]
 
 
+def generalized_req_id(*, rid: str, bootstrap_room: object) -> int:
+    """One request's generalized id on the host: its room when it has a valid one (see
+    :func:`room_to_i64`), else its hashed rid; :func:`select_generalized_req_ids` per element."""
+    room = room_to_i64(bootstrap_room)
+    return room if room >= 0 else stable_hash_str_to_i64(rid)
+
+
 def select_generalized_req_ids(
     *, vanilla_req_ids: torch.Tensor, bootstrap_room_ids_int: torch.Tensor | None
 ) -> torch.Tensor:
