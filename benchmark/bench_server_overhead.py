@@ -6,8 +6,10 @@ attention, CUDA graphs) and each configuration below, this starts ``python -m
 sglang.launch_server``, runs every selected workload once to warm up, then ``--repeats`` times
 measured, and stops the server. The run's first configuration is started once more at the end
 (``NAME#2``), so drift over the run is visible. It prints one block per workload with medians,
-ratios to each configuration's baseline, the noise beside every figure and the targets with
-their verdicts. No assertions.
+ratios to each configuration's baseline, the noise beside every figure, the targets with
+their verdicts and, when a baseline configuration has two servers, a ``pairs`` line (each server
+against its baseline's server started just before it). No assertions.
+``server_overhead_report.py FILE.json`` prints the report of an ``--out`` file again.
 
 Configurations (``SGLANG_KV_CANARY_*`` of this shell never reach the servers) and the baseline
 each is compared with:
@@ -132,6 +134,7 @@ from server_overhead_table import (
     WorkloadResult,
     check_targets,
     format_workload_table,
+    paired_comparisons,
     workload_notes,
     workload_rows,
 )
@@ -643,7 +646,8 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
 
 def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
                  results: Sequence[ConfigResult]) -> dict[str, dict[str, object]]:
-    """Per workload: its rows, the target verdicts and the notes (what is printed)."""
+    """Per workload: its rows, the target verdicts, the pairs and the notes (what is
+    printed)."""
     tables = {}
     for workload in workloads:
         rows = workload_rows(workload=workload, results=results, baselines=BASELINES,
@@ -651,6 +655,7 @@ def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
         tables[workload.name] = {
             "rows": rows,
             "verdicts": check_targets(workload=workload, rows=rows, targets=model.targets),
+            "pairs": paired_comparisons(workload=workload, results=results, baselines=BASELINES),
             "notes": workload_notes(workload=workload, results=results),
         }
     return tables
@@ -682,7 +687,8 @@ def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
     for workload in workloads:
         table = model_tables(model=model, workloads=[workload], results=results)[workload.name]
         text.append(format_workload_table(workload=workload, rows=table["rows"],
-                                          verdicts=table["verdicts"], notes=table["notes"]))
+                                          verdicts=table["verdicts"], notes=table["notes"],
+                                          pairs=table["pairs"]))
         text.append("")
     text += [f"server {result.label}: {result.status}"
              for result in results if result.status != MEASURED]

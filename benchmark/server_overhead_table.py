@@ -7,7 +7,8 @@ relative spreads (``timing.ratio``), an added-ms figure the two half-widths
 server of that configuration in the run (the first configuration of a run is started again at
 its end; ``--cycles N`` starts every configuration N times, in turn), so drift between those
 servers widens the spread; a later server's own row (``NAME#k``) compares it with the first
-(``NAME#1``) and shows the drift itself.
+(``NAME#1``) and shows the drift itself. Pairs compare each server with its baseline's server
+started just before it, which that slow drift does not enter.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ class WorkloadResult:
                 "warm_up": None if self.warm_up is None else self.warm_up.to_json(),
                 "rounds": [timing.to_json() for timing in self.rounds]}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> WorkloadResult:
+        """The result :meth:`to_json` wrote."""
+        warm_up = data.get("warm_up")
+        return cls(workload=str(data["workload"]), status=str(data["status"]),
+                   rounds=tuple(RoundTiming.from_json(item) for item in data["rounds"]),
+                   warm_up=None if warm_up is None else RoundTiming.from_json(warm_up),
+                   warm_up_s=float(data["warm_up_s"]),
+                   longest_round_s=float(data["longest_round_s"]))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConfigResult:
@@ -108,6 +119,18 @@ class ConfigResult:
                 "max_running_requests": self.max_running_requests,
                 "placement": self.placement,
                 "workloads": {name: result.to_json() for name, result in self.workloads.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> ConfigResult:
+        """The server :meth:`to_json` wrote (``placement``: "" in files written before it)."""
+        return cls(config=str(data["config"]), status=str(data["status"]), run=int(data["run"]),
+                   workloads={name: WorkloadResult.from_json(item)
+                              for name, item in data["workloads"].items()},
+                   server_note=str(data["server_note"]), startup_s=float(data["startup_s"]),
+                   duration_s=float(data["duration_s"]), command=tuple(data["command"]),
+                   log_path=str(data["log_path"]), kv_pool_tokens=data["kv_pool_tokens"],
+                   max_running_requests=data["max_running_requests"],
+                   placement=str(data.get("placement", "")))
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -234,6 +257,62 @@ def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Pair:
+    """One server against the server of its baseline configuration started just before it
+    (labels ``NAME#run``); None where either did not measure the figure."""
+
+    label: str
+    baseline: str
+    tok_s_ratio: Spread | None
+    ttft_ratio: Spread | None
+    step_added_ms: Difference | None
+
+    def describe(self) -> str:
+        return (f"{self.label} / {self.baseline} {_versus(self.tok_s_ratio)}, TTFT "
+                f"{_versus(self.ttft_ratio)}, {_added(self.step_added_ms)} ms/step")
+
+
+def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
+                       baselines: Mapping[str, str | None]) -> list[Pair]:
+    """Each server (``results`` in the order they were started) against the last server of its
+    configuration's baseline started before it, on ``workload``: servers started next to each
+    other, so slow drift over a run does not enter as it does in the pooled rows. Empty when no
+    baseline configuration of the run has two servers (the pooled rows are then these pairs);
+    a server started before any of its baseline's is left out."""
+    servers_of: dict[str, int] = {}
+    for result in results:
+        servers_of[result.config] = servers_of.get(result.config, 0) + 1
+    if not any(servers_of.get(baselines.get(config) or "", 0) > 1 for config in servers_of):
+        return []
+    readers: tuple[Callable[[RoundTiming], float], ...] = (
+        lambda timing: timing.tok_s(workload.throughput),
+        lambda timing: 1e3 * timing.mean_ttft_s,
+        lambda timing: timing.step_ms,
+    )
+    pairs = []
+    for index, result in enumerate(results):
+        baseline = baselines.get(result.config)
+        earlier = [other for other in results[:index] if other.config == baseline]
+        if baseline is None or not earlier:
+            continue
+        reference = earlier[-1]
+        (own_tok_s, base_tok_s), (own_ttft, base_ttft), (own_step, base_step) = [
+            (_pooled([result], workload=workload, read=read),
+             _pooled([reference], workload=workload, read=read)) for read in readers]
+        if own_tok_s is None or base_tok_s is None:
+            continue
+        pairs.append(Pair(
+            label=f"{result.config}#{result.run}",
+            baseline=f"{reference.config}#{reference.run}",
+            tok_s_ratio=_ratio(own_tok_s, base_tok_s),
+            ttft_ratio=_ratio(own_ttft, base_ttft),
+            step_added_ms=(None if own_step is None or base_step is None
+                           else difference(minuend=own_step, subtrahend=base_step)),
+        ))
+    return pairs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
     """A target checked on one workload: ``value`` is None when it was not measured."""
 
@@ -294,9 +373,12 @@ _HEADERS = ("config", "vs", "tok/s", "x vs", "TTFT ms", "x vs", "ms/step", "+ms 
 
 
 def format_workload_table(*, workload: Workload, rows: Sequence[Row],
-                          verdicts: Sequence[Verdict], notes: Sequence[str]) -> str:
+                          verdicts: Sequence[Verdict], notes: Sequence[str],
+                          pairs: Sequence[Pair] = ()) -> str:
     """A workload's block: its description, one line per row (columns aligned), the targets
-    with their verdicts, and ``notes`` (e.g. why a configuration has no figures)."""
+    with their verdicts, ``pairs`` (tok/s ratio, TTFT ratio and ms per step added of each server
+    against the baseline server started just before it) and ``notes`` (e.g. why a
+    configuration has no figures)."""
     cells = [[row.label, row.baseline or "-", _value(row.tok_s, "{:.0f}"),
               _versus(row.tok_s_ratio), _value(row.ttft_ms, "{:.1f}"), _versus(row.ttft_ratio),
               _value(row.step_ms, "{:.3f}"), _added(row.step_added_ms),
@@ -313,6 +395,9 @@ def format_workload_table(*, workload: Workload, rows: Sequence[Row],
     text += [line(values) for values in cells]
     if verdicts:
         text.append("  targets: " + "; ".join(verdict.describe() for verdict in verdicts))
+    if pairs:
+        text.append("  pairs (each server vs the baseline server started just before it; tok/s): "
+                    + "; ".join(pair.describe() for pair in pairs))
     text += [f"  note: {note}" for note in notes]
     return "\n".join(text)
 

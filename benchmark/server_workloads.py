@@ -183,6 +183,14 @@ class RoundTiming:
                 "output_tok_s": self.tok_s("output"), "prompt_tok_s": self.tok_s("prompt"),
                 "step_ms": self.step_ms}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> RoundTiming:
+        """The round :meth:`to_json` wrote (its derived figures are computed again)."""
+        return cls(wall_s=float(data["wall_s"]), ttft_s=tuple(map(float, data["ttft_s"])),
+                   decode_s=float(data["decode_s"]), new_tokens=int(data["new_tokens"]),
+                   prompt_tokens=int(data["prompt_tokens"]),
+                   output_tokens=int(data["output_tokens"]))
+
 
 class StreamCollector:
     """Reads the server-sent events of one streamed batch, line by line, as they arrive.

@@ -23,6 +23,7 @@ _BENCH_DIR = _HERE.parents[2] / "benchmark"
 sys.path.insert(0, str(_BENCH_DIR))  # the script imports its sibling modules by name
 
 import bench_server_overhead as bench  # noqa: E402
+import server_overhead_report as report_script  # noqa: E402
 import server_overhead_table as table  # noqa: E402
 import server_workloads as workloads  # noqa: E402
 
@@ -794,6 +795,66 @@ def test_json_report_holds_every_number() -> None:
     assert "noise" in report and report["sglang_version"]
 
 
+def test_pairs_compare_each_server_with_the_baseline_server_started_before_it() -> None:
+    # cycles: off, all-checks, off, all-checks; the second off server is 20 % faster
+    results = [
+        _measured("off", tok_s=(100.0, 100.0), ttft_ms=(10.0, 10.0), step_ms=(5.0, 5.0)),
+        _measured("all-checks", tok_s=(90.0, 92.0), ttft_ms=(11.0, 11.0), step_ms=(5.5, 5.5)),
+        _measured("off", run=2, tok_s=(120.0, 120.0), ttft_ms=(8.0, 8.0), step_ms=(4.0, 4.0)),
+        _measured("all-checks", run=2, tok_s=(108.0, 108.0), ttft_ms=(9.0, 9.0),
+                  step_ms=(4.6, 4.6)),
+    ]
+    first, second = table.paired_comparisons(workload=_W, results=results,
+                                             baselines=bench.BASELINES)
+    assert (first.label, first.baseline) == ("all-checks#1", "off#1")
+    assert first.tok_s_ratio.median == pytest.approx(0.91)
+    assert first.tok_s_ratio.relative_spread == pytest.approx(2 / 91)
+    assert first.ttft_ratio.median == pytest.approx(1.1)
+    assert first.step_added_ms.value == pytest.approx(0.5)
+    assert (second.label, second.baseline) == ("all-checks#2", "off#2")
+    assert second.tok_s_ratio.median == pytest.approx(0.9)  # the pooled row says 99 / 110
+    assert second.step_added_ms.value == pytest.approx(0.6)
+    assert second.describe() == (
+        "all-checks#2 / off#2 0.900 ±0.000, TTFT 1.125 ±0.000, +0.600 ±0.000 ms/step")
+    text = table.format_workload_table(workload=_W, rows=[], verdicts=[], notes=["n"],
+                                       pairs=[first, second])
+    assert text.splitlines()[-2] == (
+        "  pairs (each server vs the baseline server started just before it; tok/s): "
+        + first.describe() + "; " + second.describe())
+    assert text.splitlines()[-1] == "  note: n"
+
+
+def test_pairs_need_a_baseline_with_two_servers_and_an_earlier_one() -> None:
+    one_off = [_measured("off", tok_s=(100.0,), ttft_ms=(10.0,), step_ms=(5.0,)),
+               _measured("all-checks", tok_s=(90.0,), ttft_ms=(11.0,), step_ms=(5.5,))]
+    assert table.paired_comparisons(workload=_W, results=one_off, baselines=bench.BASELINES) == []
+    # the repeat of the first configuration: canary pairs with off#1, never with the later off#2
+    results = [*one_off, _measured("canary", tok_s=(95.0,), ttft_ms=(10.0,), step_ms=(5.1,)),
+               _measured("off", run=2, tok_s=(50.0,), ttft_ms=(10.0,), step_ms=(9.0,))]
+    pairs = table.paired_comparisons(workload=_W, results=results, baselines=bench.BASELINES)
+    assert [(pair.label, pair.baseline) for pair in pairs] == [
+        ("all-checks#1", "off#1"), ("canary#1", "off#1")]
+    assert pairs[1].tok_s_ratio.median == pytest.approx(0.95)
+    # a server started before any of its baseline's servers has no pair
+    early = [results[1], results[0], results[3]]
+    assert table.paired_comparisons(workload=_W, results=early, baselines=bench.BASELINES) == []
+
+
+def test_results_read_back_from_json_equal_what_was_written() -> None:
+    result = _fake_results()[1]
+    result = table.ConfigResult(
+        config=result.config, run=3, status=result.status, server_note=result.server_note,
+        workloads={"w": table.WorkloadResult(
+            workload="w", status="measured", rounds=result.workloads["w"].rounds,
+            warm_up=_timing(), warm_up_s=1.5, longest_round_s=0.5)},
+        startup_s=30.0, duration_s=60.0, command=("python", "-m", "x"), log_path="/l.log",
+        kv_pool_tokens=614400, max_running_requests=None, placement="scheduler on CPU 15")
+    written = json.loads(json.dumps(result.to_json()))
+    assert table.ConfigResult.from_json(written) == result
+    del written["placement"]  # files written before placement existed
+    assert table.ConfigResult.from_json(written).placement == ""
+
+
 # ----------------------------------------------------------------------------- main
 
 def test_main_writes_json_and_keeps_logs(tmp_path: pathlib.Path,
@@ -818,6 +879,31 @@ def test_main_writes_json_and_keeps_logs(tmp_path: pathlib.Path,
     rounds = results[1]["workloads"]["prefill64x512"]["rounds"]
     assert len(rounds) == 1 and len(rounds[0]["ttft_s"]) == 64
     assert report["models"]["tiny"]["tables"]["prefill64x512"]["rows"][1]["baseline"] == "off"
+    pairs = report["models"]["tiny"]["tables"]["bs1"]["pairs"]  # off ran twice
+    assert [(pair["label"], pair["baseline"]) for pair in pairs] == [("all-checks#1", "off#1")]
+    assert "  pairs (each server vs the baseline server started just before it" in printed
+    # the report script prints the same report again from the file alone
+    assert report_script.main([str(out)]) == 0
+    again = capsys.readouterr().out
+    assert again.startswith(f"# {out}\n== tiny: ")
+    assert again.strip().endswith(printed.strip().split("\n\n== tiny: ", 1)[1].strip())
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"]])
+def test_the_report_script_names_its_usage(argv: list[str],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert report_script.main(argv) == 2
+    assert "usage: python benchmark/server_overhead_report.py FILE.json" in capsys.readouterr().err
+
+
+def test_the_report_script_refuses_a_file_that_is_not_a_bench_report(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other.json"
+    other.write_text('{"options": {}}')
+    assert report_script.main([str(other)]) == 2
+    assert f"{other}: not a bench_server_overhead.py --out file: KeyError" in (
+        capsys.readouterr().err)
+    assert report_script.main([str(tmp_path / "missing.json")]) == 2
 
 
 if __name__ == "__main__":
