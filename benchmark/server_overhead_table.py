@@ -196,6 +196,19 @@ def _pooled(results: Sequence[ConfigResult], *, workload: Workload,
     return spread(values) if values else None
 
 
+def _figures(results: Sequence[ConfigResult], *,
+             workload: Workload) -> dict[str, Spread | None]:
+    """The pooled tok/s (``tok_s``), mean TTFT in ms (``ttft``) and ms per decode step
+    (``step``) of ``results`` on ``workload``."""
+    readers: dict[str, Callable[[RoundTiming], float]] = {
+        "tok_s": lambda timing: timing.tok_s(workload.throughput),
+        "ttft": lambda timing: 1e3 * timing.mean_ttft_s,
+        "step": lambda timing: timing.step_ms,
+    }
+    return {name: _pooled(results, workload=workload, read=read)
+            for name, read in readers.items()}
+
+
 def _ratio(numerator: Spread | None, denominator: Spread | None) -> Spread | None:
     if numerator is None or denominator is None or not denominator.median:
         return None
@@ -214,15 +227,6 @@ def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
             configuration instead.
         vs_oracle: configurations that also get a throughput ratio to ``oracle``.
     """
-    def tok_s(timing: RoundTiming) -> float:
-        return timing.tok_s(workload.throughput)
-
-    def ttft_ms(timing: RoundTiming) -> float:
-        return 1e3 * timing.mean_ttft_s
-
-    def step_ms(timing: RoundTiming) -> float:
-        return timing.step_ms
-
     rows = []
     for result in results:
         if result.run > 1:
@@ -235,10 +239,8 @@ def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
         # a configuration's row pools all its servers; a later server's row is its own
         own_results = ([r for r in results if r.config == result.config]
                        if result.run == 1 else [result])
-        own = {name: _pooled(own_results, workload=workload, read=read)
-               for name, read in (("tok_s", tok_s), ("ttft", ttft_ms), ("step", step_ms))}
-        base = {name: _pooled(reference, workload=workload, read=read)
-                for name, read in (("tok_s", tok_s), ("ttft", ttft_ms), ("step", step_ms))}
+        own = _figures(own_results, workload=workload)
+        base = _figures(reference, workload=workload)
         rows.append(Row(
             label=result.label,
             baseline=baseline_label,
@@ -249,7 +251,7 @@ def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
             step_ms=own["step"],
             step_added_ms=(None if own["step"] is None or base["step"] is None
                            else difference(minuend=own["step"], subtrahend=base["step"])),
-            tok_s_vs_oracle=(_ratio(own["tok_s"], _pooled(oracle, workload=workload, read=tok_s))
+            tok_s_vs_oracle=(_ratio(own["tok_s"], _figures(oracle, workload=workload)["tok_s"])
                              if result.config in vs_oracle and result.run == 1 else None),
             server_note=result.server_note,
         ))
@@ -284,11 +286,6 @@ def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
         servers_of[result.config] = servers_of.get(result.config, 0) + 1
     if not any(servers_of.get(baselines.get(config) or "", 0) > 1 for config in servers_of):
         return []
-    readers: tuple[Callable[[RoundTiming], float], ...] = (
-        lambda timing: timing.tok_s(workload.throughput),
-        lambda timing: 1e3 * timing.mean_ttft_s,
-        lambda timing: timing.step_ms,
-    )
     pairs = []
     for index, result in enumerate(results):
         baseline = baselines.get(result.config)
@@ -296,18 +293,17 @@ def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
         if baseline is None or not earlier:
             continue
         reference = earlier[-1]
-        (own_tok_s, base_tok_s), (own_ttft, base_ttft), (own_step, base_step) = [
-            (_pooled([result], workload=workload, read=read),
-             _pooled([reference], workload=workload, read=read)) for read in readers]
-        if own_tok_s is None or base_tok_s is None:
+        own = _figures([result], workload=workload)
+        base = _figures([reference], workload=workload)
+        if own["tok_s"] is None or base["tok_s"] is None:
             continue
         pairs.append(Pair(
             label=f"{result.config}#{result.run}",
             baseline=f"{reference.config}#{reference.run}",
-            tok_s_ratio=_ratio(own_tok_s, base_tok_s),
-            ttft_ratio=_ratio(own_ttft, base_ttft),
-            step_added_ms=(None if own_step is None or base_step is None
-                           else difference(minuend=own_step, subtrahend=base_step)),
+            tok_s_ratio=_ratio(own["tok_s"], base["tok_s"]),
+            ttft_ratio=_ratio(own["ttft"], base["ttft"]),
+            step_added_ms=(None if own["step"] is None or base["step"] is None
+                           else difference(minuend=own["step"], subtrahend=base["step"])),
         ))
     return pairs
 
