@@ -80,6 +80,24 @@ def test_a_buffer_handed_out_again_before_its_copy_is_refused() -> None:
         ring.copy(stale, to=torch.zeros(2, dtype=torch.int64))
 
 
+def test_views_of_a_ring_slice_are_made_once_per_slot_and_size() -> None:
+    ring, events = _ring(slots=2, words=8)
+    first = ring.take(6)
+    assert ring.take(6).slot == 1
+    again = ring.take(6)
+    assert again.slot == 0 and again.generation == first.generation + 1
+    assert again.tensor is first.tensor and again.array is first.array  # made once
+    view = ring.view(first, start=2, words=3)
+    assert ring.view(again, start=2, words=3) is view
+    assert view.data_ptr() == first.tensor.data_ptr() + 2 * 8 and view.shape == (3,)
+    again.array[:] = range(6)
+    assert view.tolist() == [2, 3, 4]
+    assert ring.view(again, start=1, words=3).tolist() == [1, 2, 3]  # another size: its own
+    own = ring.take(9)  # larger than a buffer: one of its own, sliced each time
+    own.array[:] = range(9)
+    assert own.slot is None and ring.view(own, start=4, words=2).tolist() == [4, 5]
+
+
 def test_request_rows_pack_into_the_ring() -> None:
     ring, _ = _ring(words=64)
 

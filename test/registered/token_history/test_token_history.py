@@ -23,7 +23,9 @@ from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req
 from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (  # noqa: E402
     scatter_req_token_ids_torch_reference,
 )
+from sglang.srt.kv_canary.monitor.counter_snapshots import HostEvent  # noqa: E402
 from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates  # noqa: E402
+from sglang.srt.kv_canary.runner.upload_buffers import UploadBufferRing  # noqa: E402
 from sglang.srt.kv_canary.token_history.history import TokenHistory  # noqa: E402
 from sglang.test.ci.ci_register import register_cpu_ci  # noqa: E402
 
@@ -440,25 +442,32 @@ def test_real_sglang_req_objects() -> None:
 
 
 @pytest.mark.parametrize(
-    ("token_history", "history_offset"),
-    [(True, 0), (False, 0), (True, 1)],
-    ids=["history", "chains-only", "eagle-draft-rows"],
+    ("token_history", "history_offset", "ring"),
+    [(True, 0, False), (False, 0, False), (True, 1, False), (True, 0, True), (True, 1, True)],
+    ids=["history", "chains-only", "eagle-draft-rows", "history-ring", "eagle-draft-rows-ring"],
 )
 def test_steady_batches_upload_exactly_what_the_general_path_uploads(
-    token_history: bool, history_offset: int,
+    token_history: bool, history_offset: int, ring: bool,
 ) -> None:
     """The steady-batch path (decode steps of an unchanged batch) against the general per-row
-    path over a schedule: the same packed upload at every step, and most steps steady."""
+    path over a schedule: the same packed upload at every step, and most steps steady. With an
+    upload ring (as in a server) the steady decode steps take the unit-step pack, whose bytes,
+    sections and public history views must be the general pack's."""
 
     def request_rows(*, steady_batches: bool) -> RequestRows:
+        upload_buffers = UploadBufferRing(
+            slots=4, words=1 << 12, pin_memory=False, new_event=HostEvent
+        ) if ring and steady_batches else None
         rows = RequestRows(num_rows=10, token_history=token_history, owner_chains=True,
-                           pin_memory=False, history_offset=history_offset)
+                           pin_memory=False, history_offset=history_offset,
+                           upload_buffers=upload_buffers)
         rows._steady_batches = steady_batches
         return rows
 
     fast, general = request_rows(steady_batches=True), request_rows(steady_batches=False)
-    steady_steps = 0
+    steady_steps = unit_steps = 0
     original = fast._prepare_steady
+    original_unit = fast._pack_unit_step
 
     def counting_prepare_steady(**kwargs):
         nonlocal steady_steps
@@ -466,7 +475,13 @@ def test_steady_batches_upload_exactly_what_the_general_path_uploads(
         steady_steps += updates is not None
         return updates
 
+    def counting_unit_step(**kwargs):
+        nonlocal unit_steps
+        unit_steps += 1
+        return original_unit(**kwargs)
+
     fast._prepare_steady = counting_prepare_steady
+    fast._pack_unit_step = counting_unit_step
     schedule = SimulatedSchedule(seed=5, pool_rows=10, max_prompt_len=40, steady=True)
     steps = 0
     for step, batch in enumerate(schedule.batches(400)):
@@ -483,9 +498,14 @@ def test_steady_batches_upload_exactly_what_the_general_path_uploads(
         ]
         assert updates[0].segment_sizes == updates[1].segment_sizes, f"step {step}"
         assert torch.equal(updates[0].packed, updates[1].packed), f"step {step}"
+        assert updates[0].unit_append == updates[1].unit_append, f"step {step}"
+        views = [update.history_tokens_and_lens() for update in updates]
+        if token_history:
+            assert all(torch.equal(a, b) for a, b in zip(*views)), f"step {step}"
         for rows, update in zip((fast, general), updates):
             rows.commit(update)
     assert steady_steps > steps // 2, (steady_steps, steps)
+    assert (unit_steps > steps // 2) if ring else unit_steps == 0, (unit_steps, steps)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from _batches import (
     with_canary,
 )
 from _oracle_reference import generalized_id, rid_hash
+from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig
 from sglang.srt.kv_canary.hooks.forward_batch import after_init_new, after_pad_inputs
 from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
 from sglang.srt.kv_canary.token_oracle import request_ids
@@ -127,6 +128,23 @@ def test_batch_request_ids_reuse_the_tensors_while_the_requests_are_unchanged() 
         assert changed[1].tolist() == [-1 if room is None else room for room in rooms]
 
 
+def test_batch_request_ids_by_request_reuse_while_the_same_objects_repeat() -> None:
+    ids = BatchRequestIds(device="cpu")
+    reqs = [FakeReq("a"), FakeReq("b", bootstrap_room=7)]
+    first = ids.tensors_for_requests(reqs)
+    assert first[0].tolist() == [rid_hash("a"), rid_hash("b")] and first[1].tolist() == [-1, 7]
+    assert ids.tensors_for_requests(list(reqs)) is first  # the same objects: nothing read
+    # other objects with the same ids reuse by value; other ids or another order do not
+    assert ids.tensors_for_requests([FakeReq("a"), FakeReq("b", bootstrap_room=7)]) is first
+    for changed in ([reqs[1], reqs[0]], [reqs[0]], [reqs[0], FakeReq("b", bootstrap_room=8)]):
+        tensors = ids.tensors_for_requests(changed)
+        assert tensors is not first
+        assert tensors[0].tolist() == [rid_hash(req.rid) for req in changed]
+        assert tensors[1].tolist() == [
+            -1 if req.bootstrap_room is None else req.bootstrap_room for req in changed
+        ]
+
+
 def test_select_generalized_req_ids_prefers_non_negative_rooms() -> None:
     vanilla = torch.tensor([rid_hash("a"), rid_hash("b"), rid_hash("c"), -9], dtype=torch.int64)
     rooms = torch.tensor([-1, 0, 123, -1], dtype=torch.int64)
@@ -189,7 +207,15 @@ def test_init_new_hook_sets_ids_on_batch_and_sampling_info(mode: ForwardMode, mo
     inputs = batch_inputs_of(forward_batch)
     assert batch_inputs_of(forward_batch.sampling_info) is inputs  # one carrier on both
     assert inputs.rids_int is rids_int and inputs.bootstrap_room_ids_int is rooms
-    sampled_rows = inputs.sampled_rows
+    # the rows' rids and positions are kept only for the next-token swap's log line
+    assert inputs.sampled_rows is None
+    swap = CanaryConfig(enable_token_oracle=True,
+                        perturb=PerturbConfig(next_token_swap_prob=0.5))
+    with_swap = forward_batch_from_init_new(
+        batch, model_runner=with_canary(model_runner_stub(), config=swap),
+        monkeypatch=monkeypatch,
+    )
+    sampled_rows = batch_inputs_of(with_swap).sampled_rows
     assert list(sampled_rows.rids) == ["r0", "r1", "r2"]
     assert sampled_rows.next_positions.tolist() == [4, 6, 2]
 

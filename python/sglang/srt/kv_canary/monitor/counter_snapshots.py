@@ -121,13 +121,9 @@ class CounterSnapshot:
 ZERO_SNAPSHOT = CounterSnapshot(steps=0, launches=0, sweep_launches=0, counters=(0,) * NUM_COUNTERS)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _PendingCopy:
-    host: torch.Tensor
-    event: CompletionEvent
-    steps: int
-    launches: int
-    sweep_launches: int
+# a copy in flight: (host tensor, its event, steps, launches, sweep launches) -- a plain tuple,
+# made once per forward
+_PendingCopy = tuple[torch.Tensor, CompletionEvent, int, int, int]
 
 
 class CounterSnapshotPipe:
@@ -155,32 +151,28 @@ class CounterSnapshotPipe:
         host, event = self._free.pop()
         host.copy_(self._counters, non_blocking=True)
         event.record()
-        self._pending.append(
-            _PendingCopy(host=host, event=event, steps=steps, launches=launches,
-                         sweep_launches=sweep_launches)
-        )
+        self._pending.append((host, event, steps, launches, sweep_launches))
         return True
 
     def drain(self) -> list[CounterSnapshot]:
         """The completed copies, oldest first (never blocks)."""
         done = []
-        while self._pending and self._pending[0].event.query():
-            copy = self._pending.popleft()
+        pending = self._pending
+        while pending and pending[0][1].query():
+            host, event, steps, launches, sweep_launches = pending.popleft()
             done.append(
                 CounterSnapshot(
-                    steps=copy.steps,
-                    launches=copy.launches,
-                    sweep_launches=copy.sweep_launches,
-                    counters=tuple(copy.host.tolist()),
+                    steps=steps, launches=launches, sweep_launches=sweep_launches,
+                    counters=tuple(host.tolist()),
                 )
             )
-            self._free.append((copy.host, copy.event))
+            self._free.append((host, event))
         return done
 
     def discard(self) -> None:
         """Forget every copy in flight (after the device counters were reset): waits for them."""
         while self._pending:
-            copy = self._pending.popleft()
-            if not copy.event.query():
-                copy.event.synchronize()
-            self._free.append((copy.host, copy.event))
+            host, event, *_ = self._pending.popleft()
+            if not event.query():
+                event.synchronize()
+            self._free.append((host, event))

@@ -48,7 +48,8 @@ class CanaryBatchInputs:
         extend_expectations: int64 ``[2, num_tokens]`` device tensor, the expected token
             and position of each token (write-input assert, EXTEND / MIXED batches; see
             :func:`~sglang.srt.kv_canary.token_history.write_expectations.extend_expectations_on_host`).
-        sampled_rows: the rows' rids and sampled positions (the next-token-swap log line).
+        sampled_rows: the rows' rids and sampled positions (the next-token-swap log line; only
+            when that fault is configured).
     """
 
     runner: CanaryRunner

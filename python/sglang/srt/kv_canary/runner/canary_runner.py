@@ -194,6 +194,8 @@ class CanaryRunner:
         self._sweep: RadixSweep | None = None
         self._sweep_launches = 0
         self._batch_ids = BatchRequestIds(device=self._device)
+        # the next-token swap's log line names the rows it swapped (only that fault reads them)
+        self._logs_sampled_rows = config.perturb.next_token_swap_prob > 0
         self._graph_ids: dict[int, GraphRequestIdBuffers] = {}
         # per graph runner: the id tensors its buffers were last filled from
         self._graph_ids_source: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -570,11 +572,8 @@ class CanaryRunner:
         kind = forward_kind(forward_batch) if self.request_rows is not None else None
         rids_int = rooms = sampled_rows = extend_expectations = None
         if self.config.enable_token_oracle:
-            rids_int, rooms = self._batch_ids.tensors_for(
-                rids=[req.rid for req in reqs],
-                bootstrap_rooms=[req.bootstrap_room for req in reqs],
-            )
-            if forward_batch.sampling_info is not None:
+            rids_int, rooms = self._batch_ids.tensors_for_requests(reqs)
+            if self._logs_sampled_rows and forward_batch.sampling_info is not None:
                 sampled_rows = SampledRows(
                     rids=forward_batch.rids, next_positions=worker_batch.seq_lens_cpu
                 )
@@ -964,9 +963,11 @@ class CanaryRunner:
         staged = self._staged
         if staged is not None and staged[0] == key:
             target, sections = staged[1], staged[2]
+            in_area = True
         else:
             words = updates.packed.shape[0]
-            if words <= self._staging.shape[0]:
+            in_area = words <= self._staging.shape[0]
+            if in_area:
                 target = self._staging[:words]
                 sections = updates.sections_on(target)
                 self._staged = (key, target, sections)
@@ -977,19 +978,20 @@ class CanaryRunner:
             target.copy_(updates.packed, non_blocking=True)
         else:
             self._upload_buffers.copy(updates.upload_buffer, to=target)
-        seq_lens, history, owners, admissions = sections
-        if target.data_ptr() != self._staging.data_ptr():  # (a batch never outnumbers the
-            head = UPLOAD_HEADER_WORDS + seq_lens.values.shape[0]  # mirror's rows)
+        _, history, owners, admissions = sections
+        rows = updates.segment_sizes[1]  # the seq_lens section's: one word per batch row
+        if not in_area:  # (a batch never outnumbers the mirror's rows)
+            head = UPLOAD_HEADER_WORDS + rows
             self._staging[:head].copy_(target[:head])
         if history is not None:
             if updates.unit_append:
-                self._pending_unit_append = seq_lens.values.shape[0]
+                self._pending_unit_append = rows
             else:
                 self._pending_unit_append = 0
                 self.token_history.upload(history)
-        if owners is not None and owners.rows.shape[0] > 0:
+        if updates.owner_rows > 0:
             self.state.owner_chains.index_copy_(0, owners.rows, owners.values)
-        if admissions is not None and admissions.rows.shape[0] > 0:
+        if updates.admission_rows > 0:
             self._kernels.admission_owner_check(
                 state=self.state, req_pool_indices=admissions.rows,
                 prefix_lens=admissions.prefix_lens, chains=admissions.chains,

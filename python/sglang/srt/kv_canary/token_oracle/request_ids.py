@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -201,6 +202,24 @@ class BatchRequestIds:
         self._device = device
         self._key: tuple[tuple[str, ...], tuple[object, ...]] | None = None
         self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._requests: tuple[object, ...] = ()  # the last batch's requests (strong references)
+
+    def tensors_for_requests(
+        self, requests: Sequence[object]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`tensors_for` of the requests' ``rid`` and ``bootstrap_room`` (SGLang's ``Req``,
+        whose two ids never change), without reading them when the batch holds the same request
+        objects, in the same order, as the last call's (a decode batch, step after step)."""
+        last = self._requests
+        if (self._tensors is not None and len(requests) == len(last)
+                and all(map(operator.is_, requests, last))):
+            return self._tensors
+        tensors = self.tensors_for(
+            rids=[request.rid for request in requests],
+            bootstrap_rooms=[request.bootstrap_room for request in requests],
+        )
+        self._requests = tuple(requests)
+        return tensors
 
     def tensors_for(
         self, *, rids: Sequence[str], bootstrap_rooms: Sequence[object]

@@ -1,0 +1,159 @@
+"""Host cost of the canary per DECODE step, every check on, launches stubbed out.
+
+On a small model a decode step is bound by the scheduler's Python, so every microsecond of the
+canary's host work per step shows in throughput. This drives a simulated CPU server (the
+self-check's, real ``ForwardBatch`` objects, the canary installed as a server installs it) through
+steady decode steps of B requests, with the kernel launches replaced by no-ops, and times the
+canary's two per-step host hooks: ``on_init_new`` (at ``ForwardBatch.init_new``: the carrier, the
+request ids, the steady pack) and ``run_forward`` less the model forward it wraps (the upload, the
+counter copy, the poll, the health and stats bookkeeping). In a server a decode step replays a
+CUDA graph, so the pre and post launches' Python (inside the model forward here) is not part of a
+step's host work and is left out with the model.
+
+Columns: median µs per decode step of each hook and their sum. Runs on any machine (no GPU; the
+device is the CPU, so copies are host copies): compare versions on one machine, not absolute
+figures across machines.
+Usage: ``python benchmark/bench_decode_host.py [--steps 400] [--batches 1,64]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
+from sglang.srt.kv_canary.hooks.model_runner import around_forward
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
+from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.selfcheck.simulation import (
+    VOCAB_SIZE,
+    SimulatedModelRunner,
+    SimulatedRequest,
+    SimulatedServer,
+)
+
+CONFIG = CanaryConfig(
+    mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL, enable_token_oracle=True,
+    enable_verify_token_assert=True, enable_write_input_assert=True, ring_capacity=512,
+    # the stubbed launches count nothing on the device: no device-agreement check, no stats
+    health_check_every_n_steps=1 << 40, stats_print_every_n_steps=0,
+)
+PROMPT = 128
+
+
+def _no_launch(**_: Any) -> None:
+    return None
+
+
+class _StepTimer:
+    """Times ``on_init_new`` and ``run_forward`` minus the forward it wraps (class-level
+    wrappers; :meth:`undo` restores them)."""
+
+    def __init__(self) -> None:
+        self.init_new: list[float] = []
+        self.run_forward: list[float] = []
+        self._originals = (CanaryRunner.on_init_new, CanaryRunner.run_forward)
+        on_init_new, run_forward = self._originals
+        timer = self
+
+        def timed_init_new(runner: CanaryRunner, **kwargs: Any) -> None:
+            start = time.perf_counter()
+            on_init_new(runner, **kwargs)
+            timer.init_new.append((time.perf_counter() - start) * 1e6)
+
+        def timed_run_forward(
+            runner: CanaryRunner, *, forward_batch: Any, forward: Callable[[], Any]
+        ) -> Any:
+            inner = [0.0]
+
+            def timed_forward() -> Any:
+                start = time.perf_counter()
+                try:
+                    return forward()
+                finally:
+                    inner[0] = time.perf_counter() - start
+
+            start = time.perf_counter()
+            result = run_forward(runner, forward_batch=forward_batch, forward=timed_forward)
+            timer.run_forward.append((time.perf_counter() - start - inner[0]) * 1e6)
+            return result
+
+        CanaryRunner.on_init_new = timed_init_new
+        CanaryRunner.run_forward = timed_run_forward
+
+    def undo(self) -> None:
+        CanaryRunner.on_init_new, CanaryRunner.run_forward = self._originals
+
+
+def measure(*, requests: int, steps: int) -> tuple[float, float]:
+    """Median µs per steady decode step of ``on_init_new`` and of ``run_forward``'s own work,
+    over ``steps`` steps after ten warm-up steps."""
+    kernels = dataclasses.replace(
+        load_kernels(KernelBackend.TORCH_REFERENCE), pre_forward=_no_launch,
+        post_forward=_no_launch, scatter_req_token_ids=_no_launch,
+        admission_owner_check=_no_launch, append_history_tokens=_no_launch,
+    )
+    page_size = 4
+    context = PROMPT + steps + 16
+    server = SimulatedServer(
+        page_size=page_size, num_pages=requests * (context // page_size + 1) + 8,
+        max_requests=requests + 1, max_context_len=context,
+        forward=lambda batch: around_forward(SimulatedModelRunner.forward, server.runner, batch),
+        init_new_hooks=init_new_hooks(CONFIG), sampler=OracleSampler(vocab_size=VOCAB_SIZE),
+    )
+    install_canary_runner(model_runner=server.runner, config=CONFIG, kernels=kernels)
+    rng = random.Random(0)
+    batch = [
+        SimulatedRequest(rid=f"r{i}", max_new_tokens=steps + 12,
+                         prompt=[rng.randrange(VOCAB_SIZE) for _ in range(PROMPT)])
+        for i in range(requests)
+    ]
+    for request in batch:
+        server.admit(request)
+    server.extend([(request, PROMPT) for request in batch])
+    for _ in range(10):
+        server.decode(batch)
+    timer = _StepTimer()
+    try:
+        for _ in range(steps):
+            server.decode(batch)
+    finally:
+        timer.undo()
+    return statistics.median(timer.init_new), statistics.median(timer.run_forward)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=400,
+                        help="measured decode steps per batch size (default 400)")
+    parser.add_argument("--batches", default="1,64",
+                        help="comma-separated batch sizes (default 1,64)")
+    options = parser.parse_args(argv)
+    if options.steps < 1:
+        parser.error(f"--steps={options.steps} is invalid; allowed: an integer >= 1")
+    try:
+        batches = [int(value) for value in options.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches={options.batches!r} is invalid; allowed: integers >= 1, "
+                     "comma-separated")
+    if not batches or min(batches) < 1:
+        parser.error(f"--batches={options.batches!r} is invalid; allowed: integers >= 1, "
+                     "comma-separated")
+    print(f"{'batch':<8}{'on_init_new':>14}{'run_forward':>14}{'canary':>10}"
+          "   (median µs per decode step, launches and model left out)")
+    for requests in batches:
+        init_new, run_forward = measure(requests=requests, steps=options.steps)
+        print(f"{requests:<8}{init_new:>14.1f}{run_forward:>14.1f}{init_new + run_forward:>10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
