@@ -47,7 +47,10 @@ comprehensions and list comparisons) instead of the per-row loop: the requests (
 their rows, retraction counts, token lists (the same objects, or equal ones) and prompt lengths
 must be the committed batch's, and no output may be shorter; then each row's new output tokens
 are sent. Anything else (a row whose owner changed, a history that shrank, another batch)
-takes the general path. Both give the same upload (tested over a simulated schedule).
+takes the general path. Both give the same upload (tested over a simulated schedule). A steady
+decode step (one new token per row) packed into an upload ring, the step a server repeats most,
+writes the same bytes with the layout's constant parts (segment sizes, offsets, the bounds of
+the public history views) made once per batch size (:meth:`RequestRows._pack_unit_step`).
 
 Assumption: while a request owns a row its history only grows at the end, or is replaced or
 shortened as above (SGLang 0.5.12 edits a token in place only in
