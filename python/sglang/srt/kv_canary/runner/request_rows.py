@@ -49,8 +49,8 @@ must be the committed batch's, and no output may be shorter; then each row's new
 are sent. Anything else (a row whose owner changed, a history that shrank, another batch)
 takes the general path. Both give the same upload (tested over a simulated schedule). A steady
 decode step (one new token per row) packed into an upload ring, the step a server repeats most,
-writes the same bytes with the layout's constant parts (segment sizes, offsets, the bounds of
-the public history views) made once per batch size (:meth:`RequestRows._pack_unit_step`).
+writes the same bytes with the layout's constant parts (segment sizes, offsets) made once per
+batch size, and publishes the ring's cached views (:meth:`RequestRows._pack_unit_step`).
 
 Assumption: while a request owns a row its history only grows at the end, or is replaced or
 shortened as above (SGLang 0.5.12 edits a token in place only in
@@ -316,17 +316,11 @@ class _UnitStepLayout:
     segment_sizes: tuple[int, ...]
     words: int
     offsets: list[int]  # the history offsets: one token per row
-    history_view_bounds: tuple[tuple[int, int], tuple[int, int]]  # (start, words): tokens, lens
 
     @classmethod
     def of(cls, *, bs: int, owner_chains: bool) -> _UnitStepLayout:
         sizes = (UPLOAD_HEADER_WORDS, bs, bs, bs, bs + 1, bs) + ((0, 0) if owner_chains else ())
-        lens_start = UPLOAD_HEADER_WORDS + 2 * bs  # after the header, seq_lens and rows
-        flat_start = lens_start + 2 * bs + 1  # after the lengths and offsets
-        return cls(
-            segment_sizes=sizes, words=sum(sizes), offsets=list(range(bs + 1)),
-            history_view_bounds=((flat_start, bs), (lens_start, bs)),
-        )
+        return cls(segment_sizes=sizes, words=sum(sizes), offsets=list(range(bs + 1)))
 
 
 class RequestRows:
@@ -627,11 +621,7 @@ class RequestRows:
             commit_owners=(), commit_history_lens=(), unknown_owner_rows=0,
             steady_after=steady_after, upload_buffer=buffer, unit_append=True,
         )
-        (flat_start, flat_words), (lens_start, lens_words) = layout.history_view_bounds
-        updates._public_views = (
-            ring.view(buffer, start=flat_start, words=flat_words),
-            ring.view(buffer, start=lens_start, words=lens_words),
-        )
+        updates._publish_ring_views(ring)
         return updates
 
     def prepare_deferred(self, deferred: Sequence[DeferredAdmission]) -> RowUpdates:
