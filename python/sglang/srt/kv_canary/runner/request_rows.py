@@ -319,8 +319,29 @@ class _UnitStepLayout:
 
     @classmethod
     def of(cls, *, bs: int, owner_chains: bool) -> _UnitStepLayout:
-        sizes = (UPLOAD_HEADER_WORDS, bs, bs, bs, bs + 1, bs) + ((0, 0) if owner_chains else ())
+        sizes = _segment_sizes(seq_lens=bs, history=(bs, bs), owners=0 if owner_chains else None,
+                               admissions=None)
         return cls(segment_sizes=sizes, words=sum(sizes), offsets=list(range(bs + 1)))
+
+
+def _segment_sizes(
+    *, seq_lens: int, history: tuple[int, int] | None, owners: int | None,
+    admissions: int | None,
+) -> tuple[int, ...]:
+    """The word count of each section of a packed upload, in :class:`RowUpdates`' order:
+    the header, the seq_lens (``seq_lens`` words), then for each section present (not None)
+    the token history's rows, lengths, offsets and tokens (``history``: rows, tokens), the
+    owner rows and values (``owners`` rows), the admissions' rows, prefix lengths and chains
+    (``admissions`` rows). The one place that order is written for the host."""
+    sizes = [UPLOAD_HEADER_WORDS, seq_lens]
+    if history is not None:
+        rows, tokens = history
+        sizes += (rows, rows, rows + 1, tokens)
+    if owners is not None:
+        sizes += (owners,) * 2
+    if admissions is not None:
+        sizes += (admissions,) * 3
+    return tuple(sizes)
 
 
 class RequestRows:
@@ -725,19 +746,20 @@ def _pack(
     """Lay the sections out back to back in one (pinned) int64 host buffer; host only.
     ``unit_segments``: every history segment is one token (a decode step's; checked here
     otherwise)."""
-    sizes = [UPLOAD_HEADER_WORDS, len(seq_lens)]
     unit_append = False
+    history_words = None
     if history is not None:
         rows, history_lens, segment_lens, chunks = history
         bs = len(rows)
-        sizes += (bs, bs, bs + 1, sum(segment_lens))
+        history_words = (bs, sum(segment_lens))
         if not unit_segments:
             unit_segments = segment_lens.count(1) == bs
         unit_append = unit_segments and bs > 0 and len(seq_lens) == bs
-    if owners is not None:
-        sizes += (len(owners[0]),) * 2
-    if admissions is not None:
-        sizes += (len(admissions[0]),) * 3
+    sizes = _segment_sizes(
+        seq_lens=len(seq_lens), history=history_words,
+        owners=None if owners is None else len(owners[0]),
+        admissions=None if admissions is None else len(admissions[0]),
+    )
     if upload_buffers is None:
         buffer = None
         packed = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pin_memory)
@@ -768,7 +790,7 @@ def _pack(
     array[start : start + len(words)] = words
     updates = RowUpdates(
         packed=packed,
-        segment_sizes=tuple(sizes),
+        segment_sizes=sizes,
         has_history=history is not None,
         has_owners=owners is not None,
         has_admissions=admissions is not None,
