@@ -13,7 +13,7 @@ per extend forward of fresh prompts, the three hooks of one forward (``on_init_n
 Columns: median µs per forward of each hook and their sum, the floor (``np.fromiter`` of every
 prompt once) and the sum as a multiple of the floor. Runs on any machine (no GPU): compare ratios,
 not absolute figures, across machines.
-Usage: ``python benchmark/bench_extend_host.py [--forwards 12]``
+Usage: ``python benchmark/bench_extend_host.py [--forwards 12] [--batches 8x2048,64x512,1x8192]``
 """
 
 from __future__ import annotations
@@ -118,16 +118,43 @@ def measure(*, requests: int, prompt: int, forwards: int) -> dict[str, float]:
     return result
 
 
+def parse_batches(value: str) -> tuple[tuple[int, int], ...]:
+    """``--batches``: comma-separated ``REQUESTSxPROMPT`` items, each count an integer >= 1.
+
+    Raises:
+        ValueError: an item of another form, naming the option, the item and what is allowed.
+    """
+    batches = []
+    for item in value.split(","):
+        requests, cross, prompt = item.strip().partition("x")
+        if not (cross and requests.isdigit() and prompt.isdigit()
+                and int(requests) >= 1 and int(prompt) >= 1):
+            raise ValueError(
+                f"--batches item {item.strip()!r} is invalid; allowed: REQUESTSxPROMPT with "
+                "integers >= 1 (e.g. 1x128)"
+            )
+        batches.append((int(requests), int(prompt)))
+    return tuple(batches)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--forwards", type=int, default=12,
                         help="measured extend forwards per scenario (default 12)")
+    default_batches = ",".join(f"{requests}x{prompt}" for requests, prompt in SCENARIOS)
+    parser.add_argument("--batches", default=default_batches,
+                        help="comma-separated REQUESTSxPROMPT scenarios: the fresh requests of "
+                             f"one extend forward and their prompt tokens (default {default_batches})")
     options = parser.parse_args(argv)
     if options.forwards < 1:
         parser.error(f"--forwards={options.forwards} is invalid; allowed: an integer >= 1")
+    try:
+        scenarios = parse_batches(options.batches)
+    except ValueError as error:
+        parser.error(str(error))
     print(f"{'batch':<14}" + "".join(f"{name:>22}" for name in HOOKS)
           + f"{'canary':>10}{'floor':>9}{'x floor':>9}   (µs per extend forward)")
-    for requests, prompt in SCENARIOS:
+    for requests, prompt in scenarios:
         result = measure(requests=requests, prompt=prompt, forwards=options.forwards)
         total = sum(result[name] for name in HOOKS)
         print(f"{f'{requests} x {prompt}':<14}"

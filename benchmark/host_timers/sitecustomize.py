@@ -11,6 +11,11 @@ Used by ``bench_server_overhead.py --host-timers``; never imported by the packag
 or attribute that the installed code does not have is left out, so one list serves several
 versions of the package.
 
+Two of SGLang's scheduler functions that run no canary code, ``Scheduler.recv_requests`` and
+``Scheduler.get_next_batch_to_run``, are timed as controls: their mean per call compares how
+fast each server process ran (servers started in turn on one machine can differ by up to 1.5x),
+so a ratio between two servers can be read against its control.
+
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 ``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
 ``xcalls`` is the share of eager forwards and their mean is per eager (mostly EXTEND) forward.
@@ -67,6 +72,9 @@ TIMED = (
     ("sglang.srt.kv_canary.monitor.counter_snapshots", "CounterSnapshotPipe.enqueue"),
     ("sglang.srt.kv_canary.monitor.health", "HealthChecker.check"),
     ("sglang.srt.layers.sampler", "Sampler.forward"),
+    # controls: scheduler work that runs no canary code
+    ("sglang.srt.managers.scheduler", "Scheduler.recv_requests"),
+    ("sglang.srt.managers.scheduler", "Scheduler.get_next_batch_to_run"),
     # eager (extend) forwards
     ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner.launch_before_model"),
     ("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner.launch_after_model"),

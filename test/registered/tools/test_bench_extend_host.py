@@ -28,5 +28,23 @@ def test_the_forward_count_must_be_positive(capsys: pytest.CaptureFixture[str]) 
     assert "--forwards=0 is invalid; allowed: an integer >= 1" in capsys.readouterr().err
 
 
+def test_batches_name_the_scenarios_and_bad_items_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bench_extend_host.parse_batches("1x128, 64x512") == ((1, 128), (64, 512))
+    for bad in ("1x0", "0x128", "128", "1x", "ax2"):
+        with pytest.raises(SystemExit) as stopped:
+            bench_extend_host.main(["--batches", bad])
+        assert stopped.value.code == 2
+        assert (f"--batches item {bad!r} is invalid; allowed: REQUESTSxPROMPT with integers >= 1"
+                in capsys.readouterr().err)
+
+
+def test_a_run_measures_the_batches_given(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_extend_host.main(["--forwards", "1", "--batches", "1x16"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()[1:] if line.strip()]
+    assert len(rows) == 1 and rows[0].startswith("1 x 16 ")
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -162,6 +162,10 @@ def test_the_timing_sitecustomize_leaves_out_what_the_installed_code_lacks(
     assert {"CanaryRunner.launch_before_model", "CanaryRunner._extend_expectations",
             "WriteExpectations.compute", "RequestRows.prepare_deferred"} <= {
         path for _, path in timers.TIMED}
+    # the controls: scheduler functions that run no canary code, timed in every server
+    assert {("sglang.srt.managers.scheduler", "Scheduler.recv_requests"),
+            ("sglang.srt.managers.scheduler", "Scheduler.get_next_batch_to_run")} <= set(
+        timers.TIMED)
     module = types.ModuleType("kv_canary_fake_timed")
     module.Runner = type("Runner", (), {"kept": lambda self: 1})
     monkeypatch.setitem(sys.modules, module.__name__, module)
