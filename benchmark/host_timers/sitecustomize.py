@@ -14,7 +14,8 @@ versions of the package.
 Two of SGLang's scheduler functions that run no canary code, ``Scheduler.recv_requests`` and
 ``Scheduler.get_next_batch_to_run``, are timed as controls: their mean per call compares how
 fast each server process ran (servers started in turn on one machine can differ by up to 1.5x),
-so a ratio between two servers can be read against its control.
+so a ratio between two servers can be read against its control (where both servers call it
+equally often per forward: idle passes of the scheduler loop are in the same means).
 
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 ``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
