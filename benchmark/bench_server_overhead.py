@@ -94,7 +94,8 @@ decode64,bs1,prefill32,prefill64x512`` and three with ``--workloads decode64_8k,
 ``targets``, ``results`` (one per server, in run order: ``label``, ``status``, ``command``,
 ``log_path``, ``kv_pool_tokens``, ``workloads.W.rounds[]`` with ``wall_s``, per-request
 ``ttft_s``, ``decode_s``, token counts and the derived ``output_tok_s`` / ``prompt_tok_s`` /
-``mean_ttft_s`` / ``step_ms``) and ``tables.W`` (the printed rows with medians, ratios and
+``mean_ttft_s`` / ``step_ms``, and ``workloads.W.host_timers``: with ``--host-timers``, the last
+timer line the server logged while W ran) and ``tables.W`` (the printed rows with medians, ratios and
 noise, the target verdicts and notes).
 """
 
@@ -551,6 +552,7 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                     results[workload.name] = WorkloadResult(workload=workload.name,
                                                             status=f"skipped: {why}")
                     continue
+                timer_lines_before = len(host_timer_lines(server.log_text()))
                 result = measure_workload(
                     server, workload=workload, vocab_size=model.vocab_size, repeats=repeats,
                     deadline=deadline, timeout_s=launch.request_timeout_s,
@@ -558,6 +560,9 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                         warm_up_s=model.warm_up_estimate_s[workload.name],
                         round_s=model.round_estimate_s[workload.name]),
                     round_runner=round_runner)
+                logged_meanwhile = host_timer_lines(server.log_text())[timer_lines_before:]
+                if logged_meanwhile:
+                    result = dataclasses.replace(result, host_timers=logged_meanwhile[-1])
                 results[workload.name] = result
                 if result.status != MEASURED:
                     status = "partial: time budget"
@@ -778,8 +783,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                              "(default: on)")
     parser.add_argument("--host-timers", type=int, default=0, metavar="N",
                         help="time the canary's host-side functions inside every server "
-                             "(benchmark/host_timers/sitecustomize.py) and print each server's "
-                             "last line of means over N forwards (default 0: off)")
+                             "(benchmark/host_timers/sitecustomize.py) and print, per server "
+                             "and workload, the last line of means over N forwards it logged "
+                             "while the workload ran (default 0: off)")
     parser.add_argument("--eagle-steps", type=int, default=0, metavar="N",
                         help="serve every model with EAGLE speculative decoding (a one-layer "
                              "dummy draft built beside it, spec v2, topk 1, N draft steps, N + 1 "
@@ -831,14 +837,36 @@ def with_host_timers(config: ServerConfig, *, every_n_forwards: int) -> ServerCo
     })
 
 
+HOST_TIMERS_MARK = "KV canary host timers over"  # starts every timer line (sitecustomize.py)
+
+
+def host_timer_lines(log_text: str) -> list[str]:
+    """The timer lines of a server log (see ``host_timers/sitecustomize.py``), in order, each
+    from :data:`HOST_TIMERS_MARK` on (the logger's prefix cut off)."""
+    return [line[line.index(HOST_TIMERS_MARK):] for line in log_text.splitlines()
+            if HOST_TIMERS_MARK in line]
+
+
 def last_host_timers_line(log_path: str) -> str | None:
-    """The last timer line a server logged (see ``host_timers/sitecustomize.py``), or None."""
+    """The last timer line a server logged, or None (no line, or no log)."""
     try:
-        lines = pathlib.Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines()
+        text = pathlib.Path(log_path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    found = [line for line in lines if "KV canary host timers over" in line]
+    found = host_timer_lines(text)
     return found[-1] if found else None
+
+
+def host_timers_report(result: ConfigResult) -> list[str]:
+    """``--host-timers``' lines for one server: per workload, the last timer line the server
+    logged while that workload ran; when no workload has one, the server's last line."""
+    lines = [f"{result.label} {name}: {measured.host_timers}"
+             for name, measured in result.workloads.items() if measured.host_timers]
+    if not lines:
+        last = last_host_timers_line(result.log_path) if result.log_path else None
+        if last is not None:
+            lines = [f"{result.label}: {last}"]
+    return lines
 
 
 def with_eagle(model: ModelShape, *, draft_dir: pathlib.Path, steps: int) -> ModelShape:
@@ -937,10 +965,9 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
             ):
                 results[name].append(result)
                 print(progress_line(model=model, result=result), flush=True)
-                timers = options.host_timers and last_host_timers_line(result.log_path)
-                if timers:
-                    print(f"  {result.label} {timers[timers.index('KV canary host'):]}",
-                          flush=True)
+                if options.host_timers:
+                    for line in host_timers_report(result):
+                        print(f"  {line}", flush=True)
                 if options.out is not None:
                     options.out.write_text(
                         json.dumps(report_json(options=options, results=results), indent=1)

@@ -47,6 +47,8 @@ class WorkloadResult:
         warm_up_s: the warm-up round's whole duration (flush and payload included).
         longest_round_s: the longest measured round's whole duration (0.0: none).
         The last two are the time budget's estimates for this workload on the next server.
+        host_timers: the last host-timer line the server logged while this workload ran
+            (``--host-timers``; "" when none was logged then).
     """
 
     workload: str
@@ -55,22 +57,25 @@ class WorkloadResult:
     warm_up: RoundTiming | None = None
     warm_up_s: float = 0.0
     longest_round_s: float = 0.0
+    host_timers: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {"workload": self.workload, "status": self.status,
                 "warm_up_s": self.warm_up_s, "longest_round_s": self.longest_round_s,
                 "warm_up": None if self.warm_up is None else self.warm_up.to_json(),
-                "rounds": [timing.to_json() for timing in self.rounds]}
+                "rounds": [timing.to_json() for timing in self.rounds],
+                "host_timers": self.host_timers}
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> WorkloadResult:
-        """The result :meth:`to_json` wrote."""
+        """The result :meth:`to_json` wrote (``host_timers``: "" in files written before it)."""
         warm_up = data.get("warm_up")
         return cls(workload=str(data["workload"]), status=str(data["status"]),
                    rounds=tuple(RoundTiming.from_json(item) for item in data["rounds"]),
                    warm_up=None if warm_up is None else RoundTiming.from_json(warm_up),
                    warm_up_s=float(data["warm_up_s"]),
-                   longest_round_s=float(data["longest_round_s"]))
+                   longest_round_s=float(data["longest_round_s"]),
+                   host_timers=str(data.get("host_timers", "")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

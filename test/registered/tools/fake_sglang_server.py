@@ -11,7 +11,9 @@ FAKE_SERVER_MODE = serve (default) | exit (print a refusal, exit 3) | hang (neve
 FAKE_SERVER_READY_DELAY_S (default 0): /health answers 503 until then;
 FAKE_SERVER_CHILD_PID_FILE: start a child process in the same group and write its pid there;
 FAKE_SERVER_IGNORE_SIGTERM=1: survive SIGTERM (the launcher must escalate to SIGKILL);
-FAKE_SERVER_MAX_TOTAL_TOKENS (default 614400): the pool size it logs.
+FAKE_SERVER_MAX_TOTAL_TOKENS (default 614400): the pool size it logs;
+FAKE_SERVER_TIMER_LINES=1: after each streamed batch, log a host-timer line naming the batch's
+``max_new_tokens`` (as ``benchmark/host_timers/sitecustomize.py`` logs its lines).
 """
 
 import argparse
@@ -87,6 +89,10 @@ def main() -> None:
                         "completion_tokens": tokens,
                         "finish_reason": {"type": "length", "length": tokens} if finished
                         else None}})
+            if os.environ.get("FAKE_SERVER_TIMER_LINES") == "1":
+                sys.stdout.write("[fake] WARNING KV canary host timers over 1 forwards: "
+                                 f"fake.new_tokens {new_tokens}.0us x1.00\n")
+                sys.stdout.flush()
             event(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
 

@@ -95,8 +95,15 @@ def test_host_timers_load_the_timing_sitecustomize_in_every_server(
     log = tmp_path / "server.log"
     log.write_text("x\n[t] KV canary host timers over 2 forwards: a 1.0us x1.00\n"
                    "[t] KV canary host timers over 2 forwards: a 2.0us x1.00\nend\n")
-    assert bench.last_host_timers_line(str(log)).endswith("a 2.0us x1.00")
+    assert bench.last_host_timers_line(str(log)) == (
+        "KV canary host timers over 2 forwards: a 2.0us x1.00")
     assert bench.last_host_timers_line(str(tmp_path / "missing.log")) is None
+    # a server whose workloads logged no line of their own: its last line stands for it
+    server = table.ConfigResult(config="off", status="measured", log_path=str(log),
+                                workloads={"bs1": table.WorkloadResult(workload="bs1",
+                                                                       status="measured")})
+    assert bench.host_timers_report(server) == [
+        "off: KV canary host timers over 2 forwards: a 2.0us x1.00"]
 
 
 def test_eagle_steps_serve_every_configuration_with_an_eagle_draft(
@@ -635,6 +642,32 @@ def test_measure_config_against_a_stand_in_server(tmp_path: pathlib.Path,
     assert bs1.rounds[0].output_tokens == 512 and len(bs1.rounds[0].ttft_s) == 1
     assert result.workloads["decode64_8k"].status == (
         "skipped: does not fit (KV pool 100000 tokens < 540672 needed)")
+    assert bs1.host_timers == "" and bench.host_timers_report(result) == []
+
+
+def test_each_workload_keeps_the_last_timer_line_logged_while_it_ran(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(_HERE))
+    monkeypatch.setenv("FAKE_SERVER_TIMER_LINES", "1")
+    monkeypatch.setenv("FAKE_SERVER_MAX_TOTAL_TOKENS", "100000")  # decode64_8k does not fit
+    model = bench.MODELS["tiny"]
+    chosen = [workloads.WORKLOADS_BY_NAME[name] for name in ("bs1", "decode64", "decode64_8k")]
+    result = bench.measure_config(
+        model=model, model_dir=bench.make_model(model, directory=tmp_path / "model"),
+        config=bench.CONFIGS["off"], run=1, workloads=chosen, repeats=1,
+        deadline=bench.Deadline.after(60.0), log_dir=tmp_path / "logs", estimates={},
+        server_module="fake_sglang_server")
+    new_tokens = {name: workloads.WORKLOADS_BY_NAME[name].new_tokens
+                  for name in ("bs1", "decode64")}
+    assert new_tokens["bs1"] != new_tokens["decode64"]
+    for name, tokens in new_tokens.items():
+        assert result.workloads[name].host_timers == (
+            f"KV canary host timers over 1 forwards: fake.new_tokens {tokens}.0us x1.00")
+    assert result.workloads["decode64_8k"].host_timers == ""  # skipped: it did not fit
+    assert bench.host_timers_report(result) == [
+        f"off {name}: {result.workloads[name].host_timers}" for name in ("bs1", "decode64")]
+    again = table.ConfigResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert again.workloads["bs1"].host_timers == result.workloads["bs1"].host_timers
 
 
 # ----------------------------------------------------------------------------- the table
