@@ -17,6 +17,10 @@ fast each server process ran (servers started in turn on one machine can differ 
 so a ratio between two servers can be read against its control (where both servers call it
 equally often per forward: idle passes of the scheduler loop are in the same means).
 
+Garbage collections are timed too, as ``gc.gen0`` / ``gc.gen1`` / ``gc.gen2`` (mean time per
+collection and collections per forward): a collection runs inside whatever call allocated last,
+so its time is in that function's mean as well.
+
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 ``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
 ``xcalls`` is the share of eager forwards and their mean is per eager (mostly EXTEND) forward.
@@ -25,6 +29,7 @@ Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import logging
 import os
@@ -141,6 +146,20 @@ def _report() -> None:
         entry[0], entry[1] = 0.0, 0
 
 
+_gc_started_at = [0.0]
+
+
+def _time_garbage_collection(phase: str, info: dict) -> None:
+    """``gc.callbacks`` entry: each collection's time under ``gc.genN`` (a collection makes
+    whatever function triggered it look slower; this shows how much of that is the collector)."""
+    if phase == "start":
+        _gc_started_at[0] = time.perf_counter()
+        return
+    entry = _totals.setdefault(f"gc.gen{info['generation']}", [0.0, 0])
+    entry[0] += time.perf_counter() - _gc_started_at[0]
+    entry[1] += 1
+
+
 def _install() -> None:
     for module_name, path in _EXTRA + TIMED:
         try:
@@ -156,3 +175,4 @@ def _install() -> None:
 
 if _EVERY > 0:
     _install()
+    gc.callbacks.append(_time_garbage_collection)

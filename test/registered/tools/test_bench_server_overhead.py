@@ -143,6 +143,17 @@ def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptu
     (line,) = [record.getMessage() for record in caplog.records]
     assert line.startswith("KV canary host timers over 2 forwards: ModelRunner.forward ")
     assert "helper " in line and line.endswith("x1.50")
+    # garbage collections are timed per generation through gc.callbacks
+    caplog.clear()
+    timers._time_garbage_collection("start", {"generation": 2})
+    time.sleep(0.001)
+    timers._time_garbage_collection("stop", {"generation": 2})
+    with caplog.at_level("WARNING"):
+        forward()
+        forward()
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert float(line.split("gc.gen2 ")[1].split("us")[0]) >= 1000
+    assert line.split("gc.gen2 ")[1].split(" ")[1].rstrip(",") == "x0.50"
     assert float(line.split("ModelRunner.forward ")[1].split("us")[0]) >= 1000
     assert [timers.every_n_forwards(v) for v in ("", "0", "500")] == [0, 0, 500]
     for bad in ("-1", "often", "1.5"):
