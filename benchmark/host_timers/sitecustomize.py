@@ -21,6 +21,11 @@ Garbage collections are timed too, as ``gc.gen0`` / ``gc.gen1`` / ``gc.gen2`` (m
 collection and collections per forward): a collection runs inside whatever call allocated last,
 so its time is in that function's mean as well.
 
+``KV_CANARY_HOST_TIMERS_BURN_US=N`` (with the timers on) adds N us of plain Python work with a
+working set of about 2.5 MB before every ``ModelRunner.forward``: a stand-in for N us of extra
+host work per step that is not the canary, to see whether extra host work alone slows the
+controls.
+
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 ``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
 ``xcalls`` is the share of eager forwards and their mean is per eager (mostly EXTEND) forward.
@@ -56,6 +61,49 @@ def every_n_forwards(value: str) -> int:
 
 
 _EVERY = every_n_forwards(os.environ.get("KV_CANARY_HOST_TIMERS", ""))
+
+
+def burn_us(value: str) -> int:
+    """The value of ``KV_CANARY_HOST_TIMERS_BURN_US``: an integer >= 0 (0 or empty: none).
+
+    Raises:
+        ValueError: anything else, naming the variable.
+    """
+    try:
+        micros = int(value or "0")
+    except ValueError:
+        micros = -1
+    if micros < 0:
+        raise ValueError(
+            f"KV_CANARY_HOST_TIMERS_BURN_US={value!r} is invalid; allowed: an integer >= 0 (us of "
+            "plain Python work before every ModelRunner.forward; 0 or unset: none)"
+        )
+    return micros
+
+
+_BURN_US = burn_us(os.environ.get("KV_CANARY_HOST_TIMERS_BURN_US", ""))
+_BURN_DATA = [list(range(start, start + 64)) for start in range(4000)] if _BURN_US else []
+
+
+def _burn(micros: int) -> None:
+    """Plain Python work for ``micros`` us, walking :data:`_BURN_DATA` (about 2.5 MB)."""
+    end = time.perf_counter() + micros / 1e6
+    index = 0
+    while time.perf_counter() < end:
+        sum(_BURN_DATA[index % len(_BURN_DATA)])
+        index += 7
+
+
+def _add_burn(model_runner_class: type, micros: int) -> None:
+    """Run :func:`_burn` before every ``forward`` of ``model_runner_class``."""
+    forward = model_runner_class.forward
+
+    @functools.wraps(forward)
+    def forward_after_burn(*args, **kwargs):
+        _burn(micros)
+        return forward(*args, **kwargs)
+
+    model_runner_class.forward = forward_after_burn
 
 # (module, attribute path) of every timed function; the first one counts the forwards
 TIMED = (
@@ -176,3 +224,10 @@ def _install() -> None:
 if _EVERY > 0:
     _install()
     gc.callbacks.append(_time_garbage_collection)
+    if _BURN_US > 0:
+        try:
+            from sglang.srt.model_executor.model_runner import ModelRunner
+        except Exception:  # not an SGLang process
+            ModelRunner = None
+        if ModelRunner is not None:
+            _add_burn(ModelRunner, _BURN_US)

@@ -159,6 +159,16 @@ def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptu
     for bad in ("-1", "often", "1.5"):
         with pytest.raises(ValueError, match=f"KV_CANARY_HOST_TIMERS='{bad}' is invalid"):
             timers.every_n_forwards(bad)
+    assert [timers.burn_us(v) for v in ("", "0", "150")] == [0, 0, 150]
+    for bad in ("-5", "lots"):
+        with pytest.raises(ValueError, match=f"KV_CANARY_HOST_TIMERS_BURN_US='{bad}' is invalid"):
+            timers.burn_us(bad)
+    runner_class = type("Runner", (), {"forward": lambda self, batch: batch * 2})
+    monkeypatch.setattr(timers, "_BURN_DATA", [list(range(64))] * 10)
+    timers._add_burn(runner_class, 2000)
+    start = time.perf_counter()
+    assert runner_class().forward(21) == 42
+    assert time.perf_counter() - start >= 0.002  # the burn ran before the forward
     assert timers.extra_timed("") == ()
     assert timers.extra_timed("a.b:C.f, d:g") == (("a.b", "C.f"), ("d", "g"))
     with pytest.raises(ValueError, match="KV_CANARY_HOST_TIMERS_EXTRA item 'a.b' is invalid"):
