@@ -41,46 +41,37 @@ import os
 import time
 
 
-def every_n_forwards(value: str) -> int:
-    """The value of ``KV_CANARY_HOST_TIMERS``: an integer >= 0 (0 or empty: off).
+def _non_negative(value: str, *, variable: str, meaning: str) -> int:
+    """``value`` of the environment variable ``variable`` as an integer >= 0 (empty: 0).
 
     Raises:
-        ValueError: anything else, naming the variable (Python prints it at start-up as
-            "Error in sitecustomize" and runs on without timers).
+        ValueError: anything else, naming the variable, the value and what is allowed
+            (``meaning``). Python prints it at start-up as "Error in sitecustomize" and runs on
+            without timers.
     """
     try:
-        every = int(value or "0")
+        number = int(value or "0")
     except ValueError:
-        every = -1
-    if every < 0:
-        raise ValueError(
-            f"KV_CANARY_HOST_TIMERS={value!r} is invalid; allowed: an integer >= 0 (the forwards "
-            "per timer line; 0 or unset: off)"
-        )
-    return every
+        number = -1
+    if number < 0:
+        raise ValueError(f"{variable}={value!r} is invalid; allowed: an integer >= 0 ({meaning})")
+    return number
 
 
-_EVERY = every_n_forwards(os.environ.get("KV_CANARY_HOST_TIMERS", ""))
+def every_n_forwards(value: str) -> int:
+    """The value of ``KV_CANARY_HOST_TIMERS``: the forwards per timer line (0 or empty: off)."""
+    return _non_negative(value, variable="KV_CANARY_HOST_TIMERS",
+                         meaning="the forwards per timer line; 0 or unset: off")
 
 
 def burn_us(value: str) -> int:
-    """The value of ``KV_CANARY_HOST_TIMERS_BURN_US``: an integer >= 0 (0 or empty: none).
-
-    Raises:
-        ValueError: anything else, naming the variable.
-    """
-    try:
-        micros = int(value or "0")
-    except ValueError:
-        micros = -1
-    if micros < 0:
-        raise ValueError(
-            f"KV_CANARY_HOST_TIMERS_BURN_US={value!r} is invalid; allowed: an integer >= 0 (us of "
-            "plain Python work before every ModelRunner.forward; 0 or unset: none)"
-        )
-    return micros
+    """The value of ``KV_CANARY_HOST_TIMERS_BURN_US`` (0 or empty: none)."""
+    return _non_negative(value, variable="KV_CANARY_HOST_TIMERS_BURN_US",
+                         meaning="us of plain Python work before every ModelRunner.forward; "
+                                 "0 or unset: none")
 
 
+_EVERY = every_n_forwards(os.environ.get("KV_CANARY_HOST_TIMERS", ""))
 _BURN_US = burn_us(os.environ.get("KV_CANARY_HOST_TIMERS_BURN_US", ""))
 _BURN_DATA = [list(range(start, start + 64)) for start in range(4000)] if _BURN_US else []
 
