@@ -143,6 +143,10 @@ def test_batch_request_ids_by_request_reuse_while_the_same_objects_repeat() -> N
         assert tensors[1].tolist() == [
             -1 if req.bootstrap_room is None else req.bootstrap_room for req in changed
         ]
+    # ids asked for by value in between: the same request objects are read again
+    ids.tensors_for_requests(reqs)
+    ids.tensors_for(rids=["x"], bootstrap_rooms=[None])
+    assert ids.tensors_for_requests(reqs)[0].tolist() == [rid_hash("a"), rid_hash("b")]
 
 
 def test_select_generalized_req_ids_prefers_non_negative_rooms() -> None:

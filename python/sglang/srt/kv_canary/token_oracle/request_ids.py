@@ -232,4 +232,5 @@ class BatchRequestIds:
                 rids=rids, bootstrap_rooms=bootstrap_rooms, device=self._device
             )
             self._key = key
+            self._requests = ()  # the tensors are no longer those of the last requests
         return self._tensors
