@@ -8,6 +8,8 @@
   after every step, including a step with a mapping fault.
 - Batch sizes and token counts never compile a new kernel variant: one variant per phase and
   option set serves batches from 1 to 4096 rows.
+- Eager launches through the DirectLauncher (``jit_kernel/kv_canary/direct_launch.py``) write
+  exactly what Triton's normal call writes, over the same schedules (faults included).
 """
 
 import random
@@ -141,6 +143,36 @@ def test_graph_replay_matches_eager_launches(layout):
         graph_pool.assert_guards_intact()
     assert graph_pool.violations(), "the fault step must have produced violation rows"
     assert all(violation.req_pool_index == 2 for violation in graph_pool.violations())
+
+
+@pytest.mark.parametrize("layout", [BatchLayout.DECODE, BatchLayout.EXTEND])
+def test_direct_launches_match_normal_calls(layout, monkeypatch):
+    direct_pool, normal_pool = _twin_pools()
+    launcher = canary_impl("triton")._LAUNCH
+    assert launcher._direct, "Triton 3.6 on CUDA launches directly"
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    schedule = SCHEDULES[layout] * 2  # every launch key repeats: the second round is direct
+    for step, rows in enumerate(schedule):
+        if rows == "fault":
+            for pool in (direct_pool, normal_pool):
+                pool.state.req_to_token[2, 2] = pool.requests[1].slots[2]
+            continue
+        batch = _batch(direct_pool, layout, rows)
+        values = [
+            torch.randn((batch.num_tokens, *buffer.shape[1:]), generator=generator,
+                        device="cuda").to(torch.bfloat16)
+            for buffer in direct_pool.kv_buffers
+        ]
+        _forward(direct_pool.state, direct_pool.kv_buffers, batch, values)
+        with monkeypatch.context() as normal:
+            normal.setattr(launcher, "_direct", False)
+            twin = _batch(normal_pool, layout, rows)
+            _forward(normal_pool.state, normal_pool.kv_buffers, twin, values)
+        torch.cuda.synchronize()
+        difference = state_difference(normal_pool.state, direct_pool.state)
+        assert difference is None, f"step {step} ({rows}): {difference}"
+    assert launcher.variants >= 2  # the pre and the post launch, each kept once at least
+    assert direct_pool.violations(), "the fault steps must have produced violation rows"
 
 
 def _variants() -> int:

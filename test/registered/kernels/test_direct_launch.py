@@ -1,9 +1,11 @@
-"""DirectLauncher: the compiled variant of each argument-type signature, launched without
+"""DirectLauncher: the compiled variant of each launch key, launched without
 ``JITFunction.run``'s per-call binding (``jit_kernel/kv_canary/direct_launch.py``).
 
-CPU: the contract (a kernel specialized on any argument value is refused, naming it) and the
-type classes of scalar arguments. CUDA: direct launches write exactly what the normal launch
-writes over changing sizes, offsets, strides and dtypes; one variant per type signature; and a
+CPU: the contract (annotated parameters refused, naming them; trailing parameters by name, a
+missing or unknown name refused) and the type classes of scalar arguments. CUDA: direct
+launches write exactly what the normal launch writes over changing sizes, offsets, strides and
+dtypes, for a kernel that specializes on nothing and for one that specializes on alignment and
+values (one kept variant per launch key, exactly as many as Triton compiled); the key cap; and a
 launch hook (a profiler's) sends every launch through the normal path.
 """
 
@@ -14,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.jit_kernel.kv_canary import direct_launch
 from sglang.jit_kernel.kv_canary.direct_launch import (
     DirectLauncher,
     _int_type,
@@ -34,16 +37,40 @@ def _affine_kernel(src_ptr, dst_ptr, n, stride, offset, SCALE: tl.constexpr,
     tl.store(dst_ptr + index, value * SCALE + offset, mask=valid)
 
 
-@triton.jit(do_not_specialize=["src_ptr", "n"])
-def _specializes_dst_and_stride(src_ptr, dst_ptr, n, stride, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["src_ptr"])
+def _specializing_kernel(src_ptr, dst_ptr, n, stride, offset, SCALE: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Like _affine_kernel, but Triton specializes dst_ptr on its alignment and stride / offset
+    on their values (divisible by 16, or 1)."""
     index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst_ptr + index, tl.load(src_ptr + index * stride, mask=index < n), mask=index < n)
+    valid = index < n
+    value = tl.load(src_ptr + index * stride, mask=valid, other=0)
+    tl.store(dst_ptr + index, value * SCALE + offset, mask=valid)
 
 
-def test_a_kernel_specialized_on_an_argument_value_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"\['dst_ptr', 'stride'\].*do_not_specialize"):
-        DirectLauncher(_specializes_dst_and_stride, num_warps=1)
-    DirectLauncher(_affine_kernel, num_warps=1)  # every non-constexpr parameter listed
+@triton.jit
+def _annotated_kernel(dst_ptr, n: tl.int32, BLOCK: tl.constexpr):
+    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + index, index, mask=index < n)
+
+
+@pytest.mark.skipif(not direct_launches_supported() or DirectLauncher._interpreted(_annotated_kernel),
+                    reason="needs Triton 3.6, not interpreted (every launch is a normal call)")
+def test_a_kernel_with_annotated_parameters_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"\['n'\] carry type annotations"):
+        DirectLauncher(_annotated_kernel, num_warps=1)
+    DirectLauncher(_affine_kernel, num_warps=1)
+    DirectLauncher(_specializing_kernel, num_warps=1)
+
+
+def test_trailing_parameters_go_by_name() -> None:
+    launcher = DirectLauncher(_affine_kernel, num_warps=1)
+    args = ("src", "dst", 8, 1, 0)
+    assert launcher._with_named(args, {"BLOCK": 128, "SCALE": 2}) == (*args, 2, 128)
+    with pytest.raises(TypeError, match=r"missing \['BLOCK'\], not expected \['SIZE'\]"):
+        launcher._with_named(args, {"SCALE": 2, "SIZE": 128})
+    with pytest.raises(TypeError, match=r"missing \['offset'\]"):
+        launcher._with_named(args[:4], {"SCALE": 2, "BLOCK": 128})
 
 
 def test_scalar_type_classes_follow_tritons_rule() -> None:
@@ -86,6 +113,53 @@ def test_direct_launches_write_what_the_normal_launch_writes() -> None:
         assert dst.tolist() == _reference(src, n=n, stride=stride, offset=offset, scale=scale)
     # int64 / int32 tensors x i32 / i64 offsets x two SCALEs: one variant per type signature
     assert launcher.variants == 4
+
+
+def _compiled_variants(kernel) -> int:
+    return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+
+@pytest.mark.gpu
+def test_a_specializing_kernel_gets_one_variant_per_launch_key() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    launcher = DirectLauncher(_specializing_kernel, num_warps=4)
+    buffer = torch.arange(4096, dtype=torch.int64, device="cuda") * 3 - 7
+    out = torch.full((4096,), -99, dtype=torch.int64, device="cuda")
+    # (dst start: 0 / 1 word, 16-byte aligned or not; n; stride and offset: 1, a multiple of
+    # 16 or neither): eight distinct specializations
+    cases = [
+        (0, 5, 1, 5), (1, 300, 1, 5), (0, 17, 16, 5), (1, 33, 3, 16), (0, 64, 3, 1),
+        (1, 9, 16, 16), (0, 100, 1, 1), (1, 1, 3, 5),
+    ]
+    for _ in range(2):  # the second pass launches every key directly
+        for start, n, stride, offset in cases:
+            out.fill_(-99)
+            dst = out[start:]
+            launcher((triton.cdiv(n, 128),), buffer, dst, n, stride, offset, SCALE=2, BLOCK=128)
+            torch.cuda.synchronize()
+            expected = _reference(buffer, n=n, stride=stride, offset=offset, scale=2)
+            assert dst[:n].tolist() == expected, (start, n, stride, offset)
+            assert dst[n:n + 4].tolist() == [-99] * min(4, dst.shape[0] - n)
+    # every launch key kept once; Triton compiled one variant per distinct specialization, and
+    # the launcher's keys are exactly Triton's (neither finer nor coarser)
+    assert launcher.variants == len(cases) == _compiled_variants(_specializing_kernel)
+
+
+@pytest.mark.gpu
+def test_launch_keys_beyond_the_cap_launch_through_the_normal_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(direct_launch, "MAX_VARIANTS", 1)
+    launcher = DirectLauncher(_specializing_kernel, num_warps=4)
+    src = torch.arange(64, dtype=torch.int64, device="cuda")
+    for offset in (5, 16, 16, 5):
+        dst = torch.zeros(8, dtype=torch.int64, device="cuda")
+        launcher((1,), src, dst, 8, 1, offset, 1, 128)
+        torch.cuda.synchronize()
+        assert dst.tolist() == [value + offset for value in range(8)]
+    assert launcher.variants == 1
 
 
 @pytest.mark.gpu

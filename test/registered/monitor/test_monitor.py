@@ -1,5 +1,6 @@
 """The host side of violation reporting: counter snapshots are read only once their copy
-completed (never waited for), violations surface one step late, each ring row is reported once,
+completed (never waited for), violations surface one step late, idle passes poll after a
+forward and then at most once per interval, each ring row is reported once,
 the host's consumed count frees ring rows for reuse, ring overflow is reported with the number of
 dropped rows, raise mode raises with the lines."""
 
@@ -24,7 +25,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     Reason,
 )
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
-from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
+from sglang.srt.kv_canary.monitor.monitor import IDLE_POLL_INTERVAL_S, CanaryMonitor
 from sglang.srt.kv_canary.monitor.counter_snapshots import (
     CounterSnapshotPipe,
     CurrentStreamEvent,
@@ -146,6 +147,39 @@ def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
         event.done = True
     monitor.poll()
     assert len(find_violation_rows(caplog.text)) == 1
+
+
+def test_idle_passes_poll_after_a_forward_then_at_most_once_per_interval(caplog) -> None:
+    state = _State()
+    events: list[_ManualEvent] = []
+
+    def new_event() -> _ManualEvent:
+        events.append(_ManualEvent())
+        return events[-1]
+
+    now = [100.0]
+    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG),
+                            new_event=new_event, clock=lambda: now[0])
+    drains = []
+    monitor._pipe.drain = (lambda drain=monitor._pipe.drain: drains.append(now[0]) or drain())
+    state.add_violation(position=3, step=0)
+    monitor.after_forward(steps=1, launches=1)
+    monitor.poll_idle()  # the first idle pass after a forward polls (the copy is in flight)
+    monitor.poll_idle()  # the next passes within the interval do not
+    now[0] += IDLE_POLL_INTERVAL_S / 2
+    monitor.poll_idle()
+    assert drains == [100.0] and not find_violation_rows(caplog.text)
+    for event in events:
+        event.done = True
+    now[0] += IDLE_POLL_INTERVAL_S  # more than one interval after the last idle poll
+    monitor.poll_idle()
+    assert len(drains) == 2 and len(find_violation_rows(caplog.text)) == 1
+    monitor.after_forward(steps=2, launches=2)  # a forward: the next idle pass polls at once
+    monitor.poll_idle()
+    assert len(drains) == 3
+    monitor.poll()  # a forward's own poll is never paced
+    monitor.poll()
+    assert len(drains) == 5
 
 
 def test_ring_overflow_reports_kept_rows_and_the_dropped_count(caplog) -> None:

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     CanaryDeviceState,
     check_accepted_owner_inputs,
@@ -89,10 +90,13 @@ def launch_accepted_owner_resync(
     n = req_pool_indices.shape[0]
     if n == 0:
         return
-    _accepted_owner_kernel[(triton.cdiv(n, BLOCK),)](
+    _LAUNCH(
+        (triton.cdiv(n, BLOCK),),
         req_pool_indices, out_cache_loc, accept_lens, n, block,
         state.records, state.num_slots,
         state.owner_chains, state.owner_chains.shape[0],
         BLOCK=BLOCK,
-        num_warps=4,
     )
+
+
+_LAUNCH = DirectLauncher(_accepted_owner_kernel, num_warps=4)

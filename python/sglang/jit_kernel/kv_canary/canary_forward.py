@@ -78,6 +78,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     BatchLayout,
     CanaryBatchView,
@@ -741,7 +742,8 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
               batch.token_history_lens)
     )
     placeholder = batch.req_pool_indices  # never read where its constexpr flag is off
-    _canary_forward_kernel[(num_programs,)](
+    _LAUNCH(
+        (num_programs,),
         batch.req_pool_indices,
         batch.seq_lens,
         _or(batch.extend_prefix_lens, placeholder),
@@ -781,7 +783,6 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         WRITE_TILE=tiles.write_tile,
         DECODE_WRITE_ROWS=tiles.decode_write_rows,
         SCAN_BLOCK=tiles.scan_block,
-        num_warps=NUM_WARPS,
     )
 
 
@@ -804,3 +805,4 @@ def _or(tensor: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
 
 
 _INTERPRETED = interpreted(_canary_forward_kernel)
+_LAUNCH = DirectLauncher(_canary_forward_kernel, num_warps=NUM_WARPS)

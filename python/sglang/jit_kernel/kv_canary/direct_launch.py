@@ -1,24 +1,32 @@
 """Launch a compiled Triton kernel without ``JITFunction.run``'s per-call work.
 
 A ``kernel[grid](...)`` call binds every argument, computes a specialization key from each
-one, looks the compiled variant up and only then launches it. For the canary's small eager
-launches that run every step outside CUDA graphs (the token-history scatter, the oracle's
-tokens) that Python costs far more than the launch itself: 40-57 us per call on the H100
-host of this release's measurements (``benchmark/host_timers``), against a few us for the
-launch.
+one, looks the compiled variant up and only then launches it. For the canary's eager launches
+that Python costs far more than the launch itself: 40-57 us per call for the small kernels on
+the H100 host of this release's measurements (``benchmark/host_timers``), and 100-250 us for
+the canary forward kernel (its ~60 parameters) on the H200 host.
 
-:class:`DirectLauncher` keeps the compiled variant of each device and argument *type* signature
-and calls its launcher directly. That is exact only when the variant depends on nothing but the types, so
-the kernel must not specialize on any argument value: every non-constexpr parameter must be in
-the kernel's ``do_not_specialize`` (then Triton's key of a tensor is its pointer type and of an
-integer ``i32`` / ``i64`` / ``u64``, whatever the value or alignment). The constructor checks
-that and raises otherwise. A signature seen for the first time goes through the normal
-``kernel[grid](...)`` call, which compiles (or loads) the variant and launches it.
+:class:`DirectLauncher` keeps the compiled variant of each *launch key* and calls its launcher
+directly. The key is exact: it determines the variant Triton's own call would pick. Per
+parameter it holds
+
+* a constexpr: its value;
+* a parameter in the kernel's ``do_not_specialize``: its type (a tensor's dtype; an integer's
+  ``i32`` / ``i64`` / ``u64`` class), all Triton's key holds of it;
+* any other parameter: what Triton's own binder computes for it (``native_specialize_impl``
+  with the parameter's ``is_const`` / alignment flags: a pointer's 16-byte alignment, an
+  integer's divisibility by 16 or being 1).
+
+A key seen for the first time goes through the normal ``kernel[grid](...)`` call, which
+compiles (or loads) the variant and launches it; at most :data:`MAX_VARIANTS` keys are kept
+(beyond, a new key launches through the normal call every time). A kernel whose parameters
+carry type annotations other than ``tl.constexpr`` is refused (Triton's binder treats those
+differently). Keyword arguments are accepted for the trailing parameters (the constexprs).
 
 It falls back to the normal call, always, where the direct form is not known to match Triton's
-own: a Triton other than :data:`SUPPORTED_TRITON` (the launcher's calling convention is
-internal to Triton), an interpreted kernel (``TRITON_INTERPRET=1``), or while a launch hook is
-installed (profilers: the hook then sees every launch).
+own: a Triton other than :data:`SUPPORTED_TRITON` (the launcher's calling convention and the
+binder's rule are internal to Triton), an interpreted kernel (``TRITON_INTERPRET=1``), or while
+a launch hook is installed (profilers: the hook then sees every launch).
 
 Graph safety: the same launch as ``kernel[grid](...)``, on the current stream of the current
 device; nothing allocated, no host sync.
@@ -35,45 +43,59 @@ import triton
 from triton.runtime import driver as _driver
 from triton.runtime.interpreter import InterpretedFunction
 
+try:
+    from triton._C.libtriton import native_specialize_impl as _native_specialize_impl
+except ImportError:  # another Triton: every launch is a normal call
+    _native_specialize_impl = None
+
 SUPPORTED_TRITON = ("3.6.",)  # versions whose CompiledKernel.run convention is the one below
+MAX_VARIANTS = 64  # launch keys kept per kernel
 
 
 def direct_launches_supported() -> bool:
     """Whether this Triton's compiled kernels can be launched directly."""
-    return triton.__version__.startswith(SUPPORTED_TRITON)
+    return triton.__version__.startswith(SUPPORTED_TRITON) and _native_specialize_impl is not None
+
+
+# what the launch key holds of one parameter
+_VALUE = 0  # a constexpr: its value
+_TYPE = 1  # in do_not_specialize: its type
+_SPECIALIZATION = 2  # otherwise: Triton's specialization of the argument
 
 
 class DirectLauncher:
-    """Launches of one ``@triton.jit`` kernel whose variants depend on argument types only.
+    """Launches of one ``@triton.jit`` kernel (see the module docstring).
 
     Args:
-        kernel: the ``@triton.jit`` function; every non-constexpr parameter must be in its
-            ``do_not_specialize``.
+        kernel: the ``@triton.jit`` function (or, under ``TRITON_INTERPRET=1``, its interpreted
+            form: every launch is then a normal call).
         num_warps: the launch option of every call.
     Raises:
-        ValueError: a non-constexpr parameter is specialized on its value (names them).
+        ValueError: a non-constexpr parameter has a type annotation (names them).
     """
 
     def __init__(self, kernel: Any, *, num_warps: int) -> None:
         self._kernel = kernel
         self._num_warps = num_warps
         self._direct = direct_launches_supported() and not self._interpreted(kernel)
-        parameters = list(inspect.signature(kernel.fn).parameters.values())
-        constexpr = tuple("constexpr" in str(p.annotation) for p in parameters)
-        options = kernel.kwargs if self._interpreted(kernel) else {
-            "do_not_specialize": kernel.do_not_specialize
-        }
-        unspecialized = set(options.get("do_not_specialize") or ())
-        specialized = [
-            p.name for index, (p, is_constexpr) in enumerate(zip(parameters, constexpr))
-            if not is_constexpr and p.name not in unspecialized and index not in unspecialized
+        self._names = tuple(inspect.signature(kernel.fn).parameters)
+        # per parameter: (what the key holds, is_const, specialized on alignment); Triton's
+        # own parameter records exist for a compiled kernel only
+        params = [] if self._interpreted(kernel) else list(kernel.params)
+        annotated = [
+            p.name for p in params if not p.is_constexpr and p.annotation not in ("", None)
         ]
-        if specialized:
+        if annotated:
             raise ValueError(
-                f"DirectLauncher({kernel.fn.__name__}): parameters {specialized} are specialized "
-                "on their values; put every non-constexpr parameter in do_not_specialize"
+                f"DirectLauncher({kernel.fn.__name__}): parameters {annotated} carry type "
+                "annotations; only tl.constexpr annotations are supported"
             )
-        self._constexpr = constexpr
+        self._parts = tuple(
+            (_VALUE if p.is_constexpr else _TYPE if p.do_not_specialize else _SPECIALIZATION,
+             p.is_const, not p.do_not_specialize_on_alignment)
+            for p in params
+        )
+        self._backends: dict[int, Any] = {}  # per device: the backend Triton's binder uses
         self._variants: dict[tuple[Any, ...], Any] = {}
 
     @staticmethod
@@ -82,27 +104,35 @@ class DirectLauncher:
 
     @property
     def variants(self) -> int:
-        """Compiled variants launched directly so far (one per device and argument type
-        signature)."""
+        """Launch keys launched directly so far (one per device and key, see the module
+        docstring)."""
         return len(self._variants)
 
-    def __call__(self, grid: Sequence[int], *args: Any) -> None:
+    def __call__(self, grid: Sequence[int], *args: Any, **named: Any) -> None:
         """Launch over ``grid`` (1 to 3 ints) with every parameter, constexprs included, in the
-        kernel's order."""
+        kernel's order: positionally, the trailing ones optionally by name.
+
+        Raises:
+            TypeError: a parameter is missing, or a name is not a parameter after the
+                positional ones.
+        """
+        if named:
+            args = self._with_named(args, named)
         if not self._direct:
             self._kernel[tuple(grid)](*args, num_warps=self._num_warps)
             return
         # the device and stream JITFunction.run would use: the current ones (a variant is
         # loaded per device)
         device = _driver.active.get_current_device()
-        key = (device, *(
-            arg if constexpr else (arg.dtype if isinstance(arg, torch.Tensor) else _int_type(arg))
-            for arg, constexpr in zip(args, self._constexpr)
-        ))
-        compiled = self._variants.get(key)
+        backend = self._backends.get(device)
+        key = None if backend is None else self._key(device, backend, args)
+        compiled = None if key is None else self._variants.get(key)
         if compiled is None or _launch_hooks_installed():
             compiled = self._kernel[tuple(grid)](*args, num_warps=self._num_warps)
-            self._variants.setdefault(key, compiled)
+            if backend is None:
+                self._backends[device] = self._kernel.device_caches[device][3]
+            elif len(self._variants) < MAX_VARIANTS:
+                self._variants.setdefault(key, compiled)
             return
         stream = _driver.active.get_current_stream(device)
         grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
@@ -110,6 +140,35 @@ class DirectLauncher:
             grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
             None, None, None, *args,
         )
+
+    def _with_named(self, args: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
+        rest = self._names[len(args):]
+        if len(named) != len(rest) or not all(name in named for name in rest):
+            missing = [name for name in rest if name not in named]
+            unknown = sorted(set(named) - set(rest))
+            raise TypeError(
+                f"{self._kernel.fn.__name__}: after {len(args)} positional arguments the "
+                f"parameters {list(rest)} must be named; missing {missing}, not expected "
+                f"{unknown}"
+            )
+        return (*args, *(named[name] for name in rest))
+
+    def _key(self, device: int, backend: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The launch key of ``args`` (see the module docstring)."""
+        if len(args) != len(self._parts):
+            raise TypeError(
+                f"{self._kernel.fn.__name__} takes {len(self._parts)} arguments, "
+                f"got {len(args)}"
+            )
+        key: list[Any] = [device]
+        for arg, (part, is_const, align) in zip(args, self._parts):
+            if part == _VALUE:
+                key.append(arg)
+            elif part == _TYPE:
+                key.append(arg.dtype if isinstance(arg, torch.Tensor) else _int_type(arg))
+            else:
+                key.append(_specialize(backend, arg, is_const, True, align))
+        return tuple(key)
 
 
 def _launch_hooks_installed() -> bool:
@@ -119,6 +178,11 @@ def _launch_hooks_installed() -> bool:
         hook is not None and getattr(hook, "calls", True)
         for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook)
     )
+
+
+def _specialize(backend: Any, arg: Any, is_const: bool, specialize: bool, align: bool) -> Any:
+    """Triton's specialization of one argument, as its binder computes it."""
+    return _native_specialize_impl(backend, arg, is_const, specialize, align)
 
 
 def _int_type(value: Any) -> str:

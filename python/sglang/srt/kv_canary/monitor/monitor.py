@@ -4,12 +4,16 @@ Per forward step the runtime calls :meth:`CanaryMonitor.poll` before the forward
 counter copies that completed, report new violation rows) and :meth:`CanaryMonitor.after_forward`
 after it (enqueue this forward's copy, run the periodic health check and stats line on the
 newest consumed snapshot). A violation produced by forward N is therefore reported at the first
-poll after the copy of forward N completed: normally the next step.
+poll after the copy of forward N completed: normally the next step. While the scheduler is idle
+(:meth:`CanaryMonitor.poll_idle`, from its idle loop, which in overlap mode passes several times
+per forward) it polls at the first idle pass after a forward, then at most once per
+:data:`IDLE_POLL_INTERVAL_S`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
@@ -25,6 +29,8 @@ from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
 
 logger = logging.getLogger(__name__)
 
+IDLE_POLL_INTERVAL_S = 0.001  # idle passes without a forward in between poll at most this often
+
 
 class CanaryMonitor:
     """Owns the snapshot pipe, the violation reporter, the health checker and the stats line."""
@@ -36,9 +42,10 @@ class CanaryMonitor:
         config: CanaryConfig,
         new_event: Callable[[], CompletionEvent],
         line_suffix: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``line_suffix`` ends every violation, health and stats line (`` pool=draft`` for an
-        EAGLE draft model's canary)."""
+        EAGLE draft model's canary); ``clock`` (seconds) paces :meth:`poll_idle`."""
         self._suffix = line_suffix
         self._pipe = CounterSnapshotPipe(counters=state.counters, new_event=new_event)
         self._reporter = ViolationReporter(
@@ -48,6 +55,23 @@ class CanaryMonitor:
         self._stats_every = config.stats_print_every_n_steps
         self._latest = ZERO_SNAPSHOT
         self._last_periodic_step = 0
+        self._clock = clock
+        self._forward_since_idle_poll = False
+        self._last_idle_poll = float("-inf")
+
+    def poll_idle(self) -> None:
+        """:meth:`poll` from the scheduler's idle loop: at its first pass after a forward, then
+        at most once per :data:`IDLE_POLL_INTERVAL_S` (never waits).
+
+        Raises:
+            CanaryViolationError: raise mode and a new violation row arrived.
+        """
+        now = self._clock()
+        if not self._forward_since_idle_poll and now - self._last_idle_poll < IDLE_POLL_INTERVAL_S:
+            return
+        self._forward_since_idle_poll = False
+        self._last_idle_poll = now
+        self.poll()
 
     def poll(self) -> None:
         """Consume completed counter copies and report new violation rows (never waits).
@@ -70,6 +94,7 @@ class CanaryMonitor:
             CanaryHealthError: the periodic health check failed.
         """
         self._pipe.enqueue(steps=steps, launches=launches, sweep_launches=sweep_launches)
+        self._forward_since_idle_poll = True
         if steps == self._last_periodic_step:
             return  # a forward without request rows: nothing new to check or print
         self._last_periodic_step = steps

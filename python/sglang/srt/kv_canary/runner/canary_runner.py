@@ -825,9 +825,10 @@ class CanaryRunner:
         self._sweep_launches += sweep.launches - before
 
     def on_idle(self) -> None:
-        """The scheduler is idle: report the last forwards' violations now."""
+        """The scheduler is idle: report the last forwards' violations now (paced: see
+        :meth:`CanaryMonitor.poll_idle`)."""
         if self.monitor is not None:
-            self.monitor.poll()
+            self.monitor.poll_idle()
 
     # ================================================================= in the forward (graphs)
 
