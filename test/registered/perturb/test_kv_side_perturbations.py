@@ -62,15 +62,19 @@ def _kv_bytes(server: SimulatedServer) -> list[torch.Tensor]:
 def test_seq_lens_adds_one_to_a_device_row_and_leaves_the_host_mirror() -> None:
     _, batches = _server_and_batches([[5, 6, 7], [8, 9, 10, 11]])
     batch = batches[-1]
-    device, host = batch.seq_lens.clone(), batch.seq_lens_cpu.clone()
+    shared = batch.seq_lens  # the scheduler's batch holds this very tensor
+    device, host = shared.clone(), batch.seq_lens_cpu.clone()
     fault = SeqLensPerturbation().inject(forward_batch=batch, rows=live_rows(batch),
                                          rng=random.Random(3), step=0)
     delta = (batch.seq_lens - device).tolist()
     assert sorted(delta) == [0, 1] and delta[fault.row.row] == 1
     assert torch.equal(batch.seq_lens_cpu, host)
+    # the forward reads a drifted copy; the shared tensor SGLang plans allocations with is not
+    # touched (an in-place drift leaked a page under the overlap scheduler)
+    assert torch.equal(shared, device) and batch.seq_lens is not shared
     assert fault.position == int(host[fault.row.row]) + 1  # the drifted device value
     fault.undo()
-    assert torch.equal(batch.seq_lens, device)
+    assert batch.seq_lens is shared and torch.equal(shared, device)
 
 
 def _records_of(server: SimulatedServer) -> torch.Tensor:
