@@ -6,6 +6,7 @@ dropped rows, raise mode raises with the lines."""
 
 import logging
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -130,14 +131,20 @@ def test_violation_surfaces_at_the_next_poll_and_only_once(caplog) -> None:
     assert len(find_violation_rows(caplog.text)) == 1
 
 
-def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
-    state = _State()
+def _manual_events() -> tuple[list[_ManualEvent], Callable[[], _ManualEvent]]:
+    """An event factory for the pipe and the list of the events it made."""
     events: list[_ManualEvent] = []
 
     def new_event() -> _ManualEvent:
         events.append(_ManualEvent())
         return events[-1]
 
+    return events, new_event
+
+
+def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
+    state = _State()
+    events, new_event = _manual_events()
     monitor = _monitor(state, new_event=new_event)
     state.add_violation(position=3, step=0)
     monitor.after_forward(steps=1, launches=1)
@@ -151,12 +158,7 @@ def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
 
 def test_idle_passes_poll_after_a_forward_then_at_most_once_per_interval(caplog) -> None:
     state = _State()
-    events: list[_ManualEvent] = []
-
-    def new_event() -> _ManualEvent:
-        events.append(_ManualEvent())
-        return events[-1]
-
+    events, new_event = _manual_events()
     now = [100.0]
     monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG),
                             new_event=new_event, clock=lambda: now[0])
