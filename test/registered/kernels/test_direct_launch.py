@@ -54,8 +54,10 @@ def _annotated_kernel(dst_ptr, n: tl.int32, BLOCK: tl.constexpr):
     tl.store(dst_ptr + index, index, mask=index < n)
 
 
-@pytest.mark.skipif(not direct_launches_supported() or DirectLauncher._interpreted(_annotated_kernel),
-                    reason="needs Triton 3.6, not interpreted (every launch is a normal call)")
+@pytest.mark.skipif(
+    not direct_launches_supported() or DirectLauncher._interpreted(_annotated_kernel),
+    reason="needs Triton 3.6, not interpreted (every launch is a normal call)",
+)
 def test_a_kernel_with_annotated_parameters_is_refused() -> None:
     with pytest.raises(ValueError, match=r"\['n'\] carry type annotations"):
         DirectLauncher(_annotated_kernel, num_warps=1)
