@@ -358,8 +358,8 @@ KNOBS: tuple[Knob, ...] = (
     _probability("PERTURB_INPUT_IDS_PROB",
                  "overwrite one row's input token right before the forward"),
     _probability("PERTURB_SEQ_LENS_PROB",
-                 "shift one live row's device seq_lens by one for one forward (its host mirror "
-                 "keeps the true value)"),
+                 "one forward reads a copy of seq_lens with one live row's entry one larger "
+                 "(its host mirror keeps the true value)"),
 )
 KNOWN_NAMES: frozenset[str] = frozenset(knob.name for knob in KNOBS)
 
