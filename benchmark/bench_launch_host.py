@@ -14,7 +14,14 @@ per call and side by side in one process:
 It also checks that both ways leave identical device states (records, counters, owner chains;
 the violation ring's rows as a multiset).
 
-Usage: ``python benchmark/bench_launch_host.py [--repeats 200]`` (needs CUDA; about a minute).
+``--python-only`` runs on any machine (no launch, no GPU): per pre launch of the same batch on
+CPU tensors, the Python of ``launch_pre_forward`` up to its launcher call (argument checks,
+views, the argument list), and two parts of the direct launcher's own work, the binding of the
+named (constexpr) arguments and the launch key (``DirectLauncher._key``). Compare versions on
+one machine, not absolute figures across machines.
+
+Usage: ``python benchmark/bench_launch_host.py [--repeats 200] [--python-only]`` (without
+``--python-only`` it needs CUDA; about a minute).
 """
 
 from __future__ import annotations
@@ -68,10 +75,52 @@ def _states_equal(a, b) -> bool:
         _ring_rows(a) == _ring_rows(b))
 
 
-def main() -> None:
+def python_only(*, repeats: int) -> None:
+    """The ``--python-only`` figures (see the module docstring)."""
+    import bench_canary_kernels
+    from triton.backends.compiler import BaseBackend
+
+    launcher = canary_forward._LAUNCH
+    if launcher._interpreted(canary_forward._canary_forward_kernel):
+        raise SystemExit("--python-only times the compiled kernel's launcher: unset TRITON_INTERPRET")
+    bench_canary_kernels.DEVICE = "cpu"
+    scenario = next(s for s in SCENARIOS if s.name == SCENARIO_NAMES[0])
+    pool = build_pool(scenario)
+    batch, state = batch_of(pool, MODE), state_of(pool, MODE)
+    recorded: dict[str, tuple] = {}
+
+    def record(grid, *positional, **named) -> None:
+        recorded["positional"], recorded["named"] = positional, named
+
+    canary_forward._LAUNCH = record
+    canary_forward.require_cuda_or_interpreter = lambda **_: None  # a CPU state, never launched
+    try:
+        before = host_time_us(
+            fn=lambda: canary_forward.launch_pre_forward(state=state, batch=batch),
+            repeats=repeats)
+    finally:
+        canary_forward._LAUNCH = launcher
+    positional, named = recorded["positional"], recorded["named"]
+    bind = host_time_us(fn=lambda: launcher._with_named(positional, named), repeats=repeats)
+    arguments = launcher._with_named(positional, named)
+    key = host_time_us(fn=lambda: launcher._key(0, BaseBackend, arguments), repeats=repeats)
+    print(f"canary forward pre launch, {scenario.name}, {MODE}: {len(arguments)} arguments")
+    print(f"  launch_pre_forward up to the launcher call  {before.describe(unit=' us')}")
+    print(f"  named-argument binding                      {bind.describe(unit=' us')}")
+    print(f"  launch key                                  {key.describe(unit=' us')}")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args()
+    parser.add_argument("--python-only", action="store_true",
+                        help="time the launch's Python on CPU tensors, without a launch or a GPU")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats} is invalid; allowed: an integer >= 1")
+    if args.python_only:
+        python_only(repeats=args.repeats)
+        return
     if not torch.cuda.is_available():
         raise SystemExit("bench_launch_host.py needs CUDA")
     forward_launcher = canary_forward._LAUNCH
