@@ -4,7 +4,7 @@ A ``kernel[grid](...)`` call binds every argument, computes a specialization key
 one, looks the compiled variant up and only then launches it. For the canary's eager launches
 that Python costs far more than the launch itself: 40-57 us per call for the small kernels on
 the H100 host of this release's measurements (``benchmark/host_timers``), and about 150-180 us
-for the canary forward kernel (56 parameters) on the H200 host
+for the canary forward kernel (61 parameters) on the H200 host
 (``benchmark/bench_launch_host.py``).
 
 :class:`DirectLauncher` keeps the compiled variant of each *launch key* and calls its launcher
