@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="kv-canary-cpu")
@@ -39,3 +41,7 @@ def test_a_bad_repeat_count_is_refused() -> None:
     result = _run("--repeats", "0")
     assert result.returncode == 2
     assert "--repeats=0 is invalid; allowed: an integer >= 1" in result.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
