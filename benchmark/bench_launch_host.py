@@ -82,11 +82,17 @@ def python_only(*, repeats: int) -> None:
 
     launcher = canary_forward._LAUNCH
     if launcher._interpreted(canary_forward._canary_forward_kernel):
-        raise SystemExit("--python-only times the compiled kernel's launcher: unset TRITON_INTERPRET")
+        raise SystemExit(
+            "--python-only times the compiled kernel's launcher: unset TRITON_INTERPRET"
+        )
+    device, check_device = bench_canary_kernels.DEVICE, canary_forward.require_cuda_or_interpreter
     bench_canary_kernels.DEVICE = "cpu"
-    scenario = next(s for s in SCENARIOS if s.name == SCENARIO_NAMES[0])
-    pool = build_pool(scenario)
-    batch, state = batch_of(pool, MODE), state_of(pool, MODE)
+    try:
+        scenario = next(s for s in SCENARIOS if s.name == SCENARIO_NAMES[0])
+        pool = build_pool(scenario)
+        batch, state = batch_of(pool, MODE), state_of(pool, MODE)
+    finally:
+        bench_canary_kernels.DEVICE = device
     recorded: dict[str, tuple] = {}
 
     def record(grid, *positional, **named) -> None:
@@ -98,8 +104,9 @@ def python_only(*, repeats: int) -> None:
         before = host_time_us(
             fn=lambda: canary_forward.launch_pre_forward(state=state, batch=batch),
             repeats=repeats)
-    finally:
+    finally:  # the module as it was (a caller in the same process may launch for real)
         canary_forward._LAUNCH = launcher
+        canary_forward.require_cuda_or_interpreter = check_device
     positional, named = recorded["positional"], recorded["named"]
     bind = host_time_us(fn=lambda: launcher._with_named(positional, named), repeats=repeats)
     arguments = launcher._with_named(positional, named)
