@@ -6,9 +6,11 @@ self-check's, real ``ForwardBatch`` objects, the canary installed as a server in
 steady decode steps of B requests, with the kernel launches replaced by no-ops, and times the
 canary's two per-step host hooks: ``on_init_new`` (at ``ForwardBatch.init_new``: the carrier, the
 request ids, the steady pack) and ``run_forward`` less the model forward it wraps (the upload, the
-counter copy, the poll, the health and stats bookkeeping). In a server a decode step replays a
-CUDA graph, so the pre and post launches' Python (inside the model forward here) is not part of a
-step's host work and is left out with the model.
+poll, the label of the counter publication, the health and stats bookkeeping). In a server a
+decode step replays a CUDA graph, so the pre and post launches' Python (inside the model forward
+here) is not part of a step's host work and is left out with the model; so is the counter
+publication, which the graph captures (here the forward is eager: it publishes, stubbed, and
+copies the counters, a host copy of 13 words).
 
 Columns: median µs per decode step of each hook and their sum. Runs on any machine (no GPU; the
 device is the CPU, so copies are host copies): compare versions on one machine, not absolute
@@ -100,6 +102,7 @@ def measure(*, requests: int, steps: int) -> tuple[float, float]:
         load_kernels(KernelBackend.TORCH_REFERENCE), pre_forward=_no_launch,
         post_forward=_no_launch, scatter_req_token_ids=_no_launch,
         admission_owner_check=_no_launch, append_history_tokens=_no_launch,
+        publish_counters=_no_launch,
     )
     page_size = 4
     context = PROMPT + steps + 16

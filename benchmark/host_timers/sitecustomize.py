@@ -115,6 +115,8 @@ TIMED = (
     ("sglang.srt.kv_canary.token_oracle.sampler", "OracleSampler.forward"),
     ("sglang.srt.kv_canary.token_oracle.manager", "TokenOracleManager.sample_next_tokens_by_request"),
     ("sglang.srt.kv_canary.monitor.counter_snapshots", "CounterSnapshotPipe.enqueue"),
+    ("sglang.srt.kv_canary.monitor.counter_mailbox", "CounterMailbox.publish"),
+    ("sglang.srt.kv_canary.monitor.counter_mailbox", "CounterMailbox.read"),
     ("sglang.srt.kv_canary.monitor.health", "HealthChecker.check"),
     ("sglang.srt.layers.sampler", "Sampler.forward"),
     # controls: scheduler work that runs no canary code

@@ -87,6 +87,7 @@ TRITON_MODULES = (
     f"{_PACKAGE}.admission_owner",
     f"{_PACKAGE}.accepted_owner",
     f"{_PACKAGE}.append_history",
+    f"{_PACKAGE}.publish_counters",
 )
 
 
@@ -138,6 +139,13 @@ def append_history_impl(impl: str) -> ModuleType:
     if impl == "reference":
         return importlib.import_module(f"{_PACKAGE}.append_history_ref")
     return import_triton_modules()["append_history"]
+
+
+def publish_impl(impl: str) -> ModuleType:
+    """Module with ``launch_publish_counters`` of ``impl``."""
+    if impl == "reference":
+        return importlib.import_module(f"{_PACKAGE}.publish_counters_ref")
+    return import_triton_modules()["publish_counters"]
 
 
 def sweep_impl(impl: str) -> ModuleType:

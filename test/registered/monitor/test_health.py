@@ -100,7 +100,7 @@ def test_snapshots_that_stop_arriving_fail() -> None:
     checker = HealthChecker(every_n_steps=1)
     assert checker.check(steps=MAX_SNAPSHOT_LAG_STEPS,
                          latest=_snapshot(steps=0, launches=0, pre=0, post=0, write=0))
-    with pytest.raises(CanaryHealthError, match="counter copies stopped completing"):
+    with pytest.raises(CanaryHealthError, match="counter publications stopped arriving"):
         checker.check(steps=MAX_SNAPSHOT_LAG_STEPS + 1,
                       latest=_snapshot(steps=0, launches=0, pre=0, post=0, write=0))
 

@@ -1,6 +1,7 @@
-"""The host side of violation reporting: counter snapshots are read only once their copy
-completed (never waited for), violations surface one step late, idle passes poll after a
-forward and then at most once per interval, each ring row is reported once,
+"""The host side of violation reporting: the counter mailbox gives the newest labeled publication
+and ignores reads that mix two copies (never waits), a graph replay publishes with no host work,
+violations surface one step late, idle passes poll after a forward and then at most once per
+interval, each ring row is reported once,
 the host's consumed count frees ring rows for reuse, ring overflow is reported with the number of
 dropped rows, raise mode raises with the lines."""
 
@@ -11,9 +12,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from sglang.jit_kernel.kv_canary import publish_counters_ref
 from sglang.jit_kernel.kv_canary.consts import (
+    COUNTER_CHECKSUM,
     COUNTER_CONSUMED,
     COUNTER_KERNEL_RUNS,
+    COUNTER_PUBLISHES,
     COUNTER_VIOLATIONS,
     NUM_COUNTERS,
     RING_ROW_FIELDS,
@@ -27,11 +31,7 @@ from sglang.jit_kernel.kv_canary.consts import (
 )
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 from sglang.srt.kv_canary.monitor.monitor import IDLE_POLL_INTERVAL_S, CanaryMonitor
-from sglang.srt.kv_canary.monitor.counter_snapshots import (
-    CounterSnapshotPipe,
-    CurrentStreamEvent,
-    HostEvent,
-)
+from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
 from sglang.srt.kv_canary.monitor.violation_reporter import (
     REPEATS_PREFIX,
     RING_OVERFLOW_PREFIX,
@@ -42,21 +42,6 @@ from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")
 register_cuda_ci(est_time=5, suite="kv-canary-gpu")
-
-
-class _ManualEvent:
-    """An event the test completes by hand (the pipe can only query it, never wait on it)."""
-
-    def __init__(self, record_order: list | None = None) -> None:
-        self.done = False
-        self._record_order = record_order if record_order is not None else []
-
-    def record(self) -> None:
-        self._record_order.append(self)
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
 
 
 class _State:
@@ -82,35 +67,101 @@ class _State:
         self.counters[COUNTER_VIOLATIONS] += 1
 
 
-def test_pipe_reads_a_copy_only_after_its_event_completed() -> None:
-    counters = torch.arange(NUM_COUNTERS, dtype=torch.int64)
-    recorded: list[_ManualEvent] = []
-    pipe = CounterSnapshotPipe(
-        counters=counters, new_event=lambda: _ManualEvent(recorded), depth=2
-    )
-    for steps in (1, 2):
-        assert pipe.enqueue(steps=steps, launches=steps, sweep_launches=steps - 1)
-        counters += 100  # later device work must not leak into a copy already taken
-    assert not pipe.enqueue(steps=3, launches=3, sweep_launches=2)  # both in flight: skipped
-    assert pipe.drain() == []
-    recorded[1].done = True  # the newer copy alone is not consumed out of order
-    assert pipe.drain() == []
-    recorded[0].done = True
-    first, second = pipe.drain()
-    assert (first.steps, first.sweep_launches, first.counters) == (
-        1, 0, tuple(range(NUM_COUNTERS))
-    )
-    assert (second.steps, second.sweep_launches, second.counters) == (
-        2, 1, tuple(range(100, 100 + NUM_COUNTERS))
-    )
-    assert pipe.enqueue(steps=4, launches=4, sweep_launches=2)  # slots are free again
+_SEAL = publish_counters_ref.launch_publish_counters
 
 
-def _monitor(state: _State, *, mode: CanaryMode = CanaryMode.LOG, new_event=HostEvent,
-             **config: int) -> CanaryMonitor:
-    return CanaryMonitor(
-        state=state, config=CanaryConfig(mode=mode, **config), new_event=new_event
-    )
+def _mailbox_with_publications(counters: torch.Tensor, count: int) -> CounterMailbox:
+    """A mailbox whose counters were published ``count`` times, publication ``n`` labeled with
+    steps ``n``, launches ``10 n`` and sweep launches ``n - 1``; nothing read yet."""
+    mailbox = CounterMailbox(counters=counters, seal=_SEAL)
+    for number in range(1, count + 1):
+        counters[COUNTER_VIOLATIONS] += 1
+        mailbox.publish()
+        mailbox.label(publications=number, steps=number, launches=10 * number,
+                      sweep_launches=number - 1)
+    return mailbox
+
+
+def test_mailbox_reads_the_newest_labeled_publication_once() -> None:
+    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64)
+    mailbox = _mailbox_with_publications(counters, 3)
+    snapshot = mailbox.read()
+    assert (snapshot.steps, snapshot.launches, snapshot.sweep_launches) == (3, 30, 2)
+    assert snapshot.counters == tuple(counters.tolist()) and snapshot.violations == 3
+    assert mailbox.read() is None  # nothing newer
+    mailbox.label(publications=3, steps=99, launches=99, sweep_launches=99)  # a forward that
+    counters[COUNTER_VIOLATIONS] += 1  # published nothing keeps the label it had
+    mailbox.publish()
+    mailbox.label(publications=4, steps=4, launches=40, sweep_launches=3)
+    assert (mailbox.read().steps, mailbox.read()) == (4, None)
+
+
+def test_mailbox_ignores_a_read_that_mixes_two_publications() -> None:
+    """The host may read while a copy lands: any mix of two publications' words fails the
+    checksum; the whole copy, once landed, is read."""
+    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64)
+    mailbox = _mailbox_with_publications(counters, 1)
+    older = mailbox._words.copy()
+    counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] += 1
+    counters[COUNTER_VIOLATIONS] += 2
+    mailbox.publish()
+    mailbox.label(publications=2, steps=2, launches=20, sweep_launches=1)
+    newer = mailbox._words.copy()
+    changed = [index for index in range(NUM_COUNTERS) if older[index] != newer[index]]
+    assert len(changed) == 4 and {COUNTER_PUBLISHES, COUNTER_CHECKSUM} < set(changed)
+    for mask in range(1, (1 << len(changed)) - 1):  # every proper mix of the two copies
+        mailbox._words[:] = older
+        for bit, index in enumerate(changed):
+            if mask >> bit & 1:
+                mailbox._words[index] = newer[index]
+        assert mailbox.read() is None, [changed[b] for b in range(len(changed)) if mask >> b & 1]
+    mailbox._words[:] = newer
+    assert mailbox.read().steps == 2
+
+
+def test_mailbox_skips_an_unlabeled_publication_and_forgets_everything_at_reset() -> None:
+    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64)
+    mailbox = _mailbox_with_publications(counters, 1)
+    mailbox.publish()  # publication 2: a graph warm-up outside any forward, never labeled
+    assert mailbox.read() is None
+    mailbox.publish()
+    mailbox.label(publications=3, steps=2, launches=20, sweep_launches=0)
+    assert mailbox.read().launches == 20
+    counters.zero_()
+    mailbox.reset()
+    assert mailbox.read() is None and not mailbox._words.any()
+    mailbox.publish()
+    mailbox.label(publications=1, steps=1, launches=1, sweep_launches=0)
+    assert mailbox.read().steps == 1
+
+
+def _monitor(state: _State, *, mode: CanaryMode = CanaryMode.LOG, **config: int) -> CanaryMonitor:
+    return CanaryMonitor(state=state, config=CanaryConfig(mode=mode, **config), seal=_SEAL)
+
+
+def _forward(monitor: CanaryMonitor, step: int) -> None:
+    """The host side of forward ``step`` (1-based): one launch pair, its publication."""
+    monitor.publish()
+    monitor.after_forward(steps=step, launches=step, publications=step)
+
+
+class _UnlandedCopies:
+    """Holds the monitor's host copy at what it was: copies enqueued meanwhile have not landed
+    (what a CPU copy cannot show by itself); :meth:`land` lets the newest one arrive."""
+
+    def __init__(self, monitor: CanaryMonitor) -> None:
+        self._words = monitor._mailbox._words
+        self._held = self._words.copy()
+        self._host = monitor._mailbox._host
+        self._copy = self._host.copy_
+        monitor._mailbox._host = self  # the mailbox copies into this object now
+        self._newest = self._held
+
+    def copy_(self, source: torch.Tensor, *, non_blocking: bool) -> None:
+        self._newest = source.numpy().copy()
+
+    def land(self) -> None:
+        self._words[:] = self._newest
 
 
 def test_violation_surfaces_at_the_next_poll_and_only_once(caplog) -> None:
@@ -119,69 +170,57 @@ def test_violation_surfaces_at_the_next_poll_and_only_once(caplog) -> None:
     caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
     monitor.poll()
     state.add_violation(position=5, step=0)  # forward 0 finds a violation
-    monitor.after_forward(steps=1, launches=1)
+    _forward(monitor, 1)
     assert not find_violation_rows(caplog.text)  # not during the step that produced it
     monitor.poll()  # start of the next step
     rows = find_violation_rows(caplog.text)
     assert [(r.position, r.step) for r in rows] == [(5, 0)]
     assert all(rec.levelno == logging.WARNING for rec in caplog.records
                if "kv_canary violation" in rec.getMessage())
-    monitor.after_forward(steps=2, launches=2)
+    _forward(monitor, 2)
     monitor.poll()
     assert len(find_violation_rows(caplog.text)) == 1
 
 
-def _manual_events() -> tuple[list[_ManualEvent], Callable[[], _ManualEvent]]:
-    """An event factory for the pipe and the list of the events it made."""
-    events: list[_ManualEvent] = []
-
-    def new_event() -> _ManualEvent:
-        events.append(_ManualEvent())
-        return events[-1]
-
-    return events, new_event
-
-
-def test_pending_copy_delays_the_report_without_waiting(caplog) -> None:
+def test_an_unlanded_copy_delays_the_report_without_waiting(caplog) -> None:
     state = _State()
-    events, new_event = _manual_events()
-    monitor = _monitor(state, new_event=new_event)
+    monitor = _monitor(state)
+    copies = _UnlandedCopies(monitor)
     state.add_violation(position=3, step=0)
-    monitor.after_forward(steps=1, launches=1)
-    monitor.poll()  # the device has not finished the copy: nothing yet, and no blocking
+    _forward(monitor, 1)
+    monitor.poll()  # the copy has not landed: nothing yet, and no blocking
     assert not find_violation_rows(caplog.text)
-    for event in events:
-        event.done = True
+    copies.land()
     monitor.poll()
     assert len(find_violation_rows(caplog.text)) == 1
 
 
 def test_idle_passes_poll_after_a_forward_then_at_most_once_per_interval(caplog) -> None:
     state = _State()
-    events, new_event = _manual_events()
     now = [100.0]
-    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG),
-                            new_event=new_event, clock=lambda: now[0])
-    drains = []
-    monitor._pipe.drain = (lambda drain=monitor._pipe.drain: drains.append(now[0]) or drain())
+    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG), seal=_SEAL,
+                            clock=lambda: now[0])
+    copies = _UnlandedCopies(monitor)
+    reads = []
+    mailbox = monitor._mailbox
+    mailbox.read = (lambda read=mailbox.read: reads.append(now[0]) or read())
     state.add_violation(position=3, step=0)
-    monitor.after_forward(steps=1, launches=1)
+    _forward(monitor, 1)
     monitor.poll_idle()  # the first idle pass after a forward polls (the copy is in flight)
     monitor.poll_idle()  # the next passes within the interval do not
     now[0] += IDLE_POLL_INTERVAL_S / 2
     monitor.poll_idle()
-    assert drains == [100.0] and not find_violation_rows(caplog.text)
-    for event in events:
-        event.done = True
+    assert reads == [100.0] and not find_violation_rows(caplog.text)
+    copies.land()
     now[0] += IDLE_POLL_INTERVAL_S  # more than one interval after the last idle poll
     monitor.poll_idle()
-    assert len(drains) == 2 and len(find_violation_rows(caplog.text)) == 1
-    monitor.after_forward(steps=2, launches=2)  # a forward: the next idle pass polls at once
+    assert len(reads) == 2 and len(find_violation_rows(caplog.text)) == 1
+    _forward(monitor, 2)  # a forward: the next idle pass polls at once
     monitor.poll_idle()
-    assert len(drains) == 3
+    assert len(reads) == 3
     monitor.poll()  # a forward's own poll is never paced
     monitor.poll()
-    assert len(drains) == 5
+    assert len(reads) == 5
 
 
 def test_ring_overflow_reports_kept_rows_and_the_dropped_count(caplog) -> None:
@@ -258,7 +297,7 @@ def test_raise_mode_raises_with_the_same_lines(caplog) -> None:
     monitor = _monitor(state, mode=CanaryMode.RAISE)
     state.add_violation(position=7, step=0)
     state.add_violation(position=8, step=0)
-    monitor.after_forward(steps=1, launches=1)
+    _forward(monitor, 1)
     with pytest.raises(CanaryViolationError) as raised:
         monitor.poll()
     assert [r.position for r in raised.value.rows] == [7, 8]
@@ -273,22 +312,22 @@ def test_stats_line_every_n_steps_from_the_snapshot(caplog) -> None:
     for step in range(1, 5):
         monitor.poll()
         state.counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] += 1
-        monitor.after_forward(steps=step, launches=step)
+        _forward(monitor, step)
     stats = [m for m in caplog.messages if m.startswith("KV canary stats:")]
     assert len(stats) == 2
     assert stats[-1].endswith("0 violations, 3 steps")  # the newest consumed snapshot: step 3
 
 
-def test_discarded_copies_are_never_reported(caplog) -> None:
-    """Serving starts: the counters are zeroed and copies taken before are forgotten."""
+def test_discarded_publications_are_never_reported(caplog) -> None:
+    """Serving starts: the counters are zeroed and publications made before are forgotten."""
     state = _State()
     monitor = _monitor(state)
     state.add_violation(position=4, step=0)  # a start-up forward's row
-    monitor.after_forward(steps=1, launches=1)
+    _forward(monitor, 1)
     state.counters.zero_()
     monitor.discard_pending()
     monitor.poll()
-    monitor.after_forward(steps=1, launches=1)
+    _forward(monitor, 1)
     monitor.poll()
     assert find_violation_rows(caplog.text) == []
 
@@ -300,37 +339,68 @@ def test_reporter_rejects_mode_none() -> None:
                           mode=CanaryMode.NONE)
 
 
-@pytest.mark.gpu
-def test_a_cuda_counter_copy_completes_with_the_stream_it_was_enqueued_on() -> None:
-    """The pipe's CUDA events are recorded on the current stream (looked up by its raw
-    handle): on a side stream busy for a while the copy is not done until that work is."""
+def _cuda_state() -> _State:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    device = torch.device("cuda")
-    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=device)
-    pipe = CounterSnapshotPipe(counters=counters, new_event=lambda: CurrentStreamEvent(device),
-                               depth=2)
-    # Warm-up: the first launch of a kernel loads its module, which waits for the device
-    torch.cuda._sleep(1000)
-    counters[COUNTER_VIOLATIONS] += 0
+    state = _State()
+    state.counters = state.counters.cuda()
+    return state
+
+
+@pytest.mark.gpu
+def test_a_cuda_publication_arrives_behind_the_stream_work_before_it() -> None:
+    """The Triton publish launch and the pinned copy run on the current stream: behind a side
+    stream busy for a while, the host reads nothing new until that work is done, then reads the
+    publication without any event or sync of its own."""
+    from sglang.jit_kernel.kv_canary import publish_counters
+
+    state = _cuda_state()
+    mailbox = CounterMailbox(counters=state.counters,
+                             seal=publish_counters.launch_publish_counters)
+    mailbox.publish()  # warm-up: the first launch compiles and loads the kernel
     torch.cuda.synchronize()
-    for _ in range(2):  # a second stream object for the same handle is the same stream
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU cycles
-            counters[COUNTER_VIOLATIONS] += 1
-            assert pipe.enqueue(steps=1, launches=1, sweep_launches=0)
-        assert pipe.drain() == []  # still behind the sleep on `side`
-        side.synchronize()
-        (snapshot,) = pipe.drain()
-        assert snapshot.violations == int(counters[COUNTER_VIOLATIONS])
-    # the default stream (raw handle 0), recorded through the same cache
-    torch.cuda._sleep(1_000_000_000)
-    counters[COUNTER_VIOLATIONS] += 1
-    assert pipe.enqueue(steps=2, launches=2, sweep_launches=0)
-    assert pipe.drain() == []  # still behind the sleep on the default stream
+    mailbox.reset()
+    state.counters.zero_()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU cycles
+        state.counters[COUNTER_VIOLATIONS] += 7
+        mailbox.publish()
+    mailbox.label(publications=1, steps=1, launches=1, sweep_launches=0)
+    assert mailbox.read() is None  # still behind the sleep on `side`
+    side.synchronize()
+    snapshot = mailbox.read()
+    assert (snapshot.steps, snapshot.violations) == (1, 7)
+    assert snapshot.counters == tuple(state.counters.tolist())
+
+
+@pytest.mark.gpu
+def test_a_replayed_cuda_graph_publishes_with_no_host_work() -> None:
+    """A publication captured into a CUDA graph: each replay seals and copies the counters; the
+    host only labels the publications and reads the newest."""
+    from sglang.jit_kernel.kv_canary import publish_counters
+
+    state = _cuda_state()
+    mailbox = CounterMailbox(counters=state.counters,
+                             seal=publish_counters.launch_publish_counters)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        mailbox.publish()  # warm-up outside the capture
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            state.counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] += 1
+            mailbox.publish()
     torch.cuda.synchronize()
-    assert [s.violations for s in pipe.drain()] == [3]
+    state.counters.zero_()
+    mailbox.reset()
+    for number in range(1, 6):
+        graph.replay()
+        mailbox.label(publications=number, steps=number, launches=number, sweep_launches=0)
+    torch.cuda.synchronize()
+    snapshot = mailbox.read()
+    assert (snapshot.steps, snapshot.kernel_runs(CheckKind.PRE_VERIFY)) == (5, 5)
+    assert snapshot.counters[COUNTER_PUBLISHES] == 5
 
 
 if __name__ == "__main__":

@@ -532,10 +532,11 @@ def test_memory_budget_hooks() -> None:
         write_expectation_tokens=0, graph_max_bs=0, graph_request_ids=False,
     )
     assert available == 10**9 - expected.total
-    # padding records, ring (11 fields per row), counters (11), owner chains (8 rows), seq_lens
-    # mirror (8 rows: no graphs), upload staging and its one-word header
+    # padding records, ring (11 fields per row), counters (13, with the publication count and
+    # its checksum), owner chains (8 rows), seq_lens mirror (8 rows: no graphs), upload staging
+    # and its one-word header
     assert expected.total == (
-        4 * 32 + 100 * 11 * 8 + 11 * 8 + 8 * 8 + 8 * 8 + (1 + UPLOAD_STAGING_WORDS) * 8
+        4 * 32 + 100 * 11 * 8 + 13 * 8 + 8 * 8 + 8 * 8 + (1 + UPLOAD_STAGING_WORDS) * 8
     )
 
 

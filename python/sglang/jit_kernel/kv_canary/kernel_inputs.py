@@ -456,6 +456,24 @@ def check_append_history_inputs(
         raise ValueError(f"max_rows must be >= 0, got {max_rows}")
 
 
+def check_publish_inputs(*, counters: torch.Tensor) -> None:
+    """Validate the input of the counter publication (its Triton launch and torch reference;
+    contract in :mod:`.publish_counters`).
+
+    Raises:
+        TypeError: ``counters`` is not an int64 tensor.
+        ValueError: ``counters`` is not a contiguous ``[NUM_COUNTERS]`` vector.
+    """
+    if not isinstance(counters, torch.Tensor) or counters.dtype != torch.int64:
+        got = counters.dtype if isinstance(counters, torch.Tensor) else type(counters).__name__
+        raise TypeError(f"counters must be an int64 torch.Tensor, got {got}")
+    if tuple(counters.shape) != (NUM_COUNTERS,) or not counters.is_contiguous():
+        raise ValueError(
+            f"counters must be a contiguous [{NUM_COUNTERS}] vector (NUM_COUNTERS), got shape "
+            f"{tuple(counters.shape)} and stride {counters.stride()}"
+        )
+
+
 # ----------------------------------------------------------------------------- validation
 
 

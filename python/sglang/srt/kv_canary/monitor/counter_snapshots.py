@@ -1,17 +1,9 @@
-"""Non-blocking device-to-host snapshots of the canary counters.
-
-After every forward the host enqueues a copy of the device counters into pinned memory on the
-forward's stream and records an event behind it. Later steps look at the oldest pending copies
-with ``event.query()`` and consume the completed ones: the host learns what the kernels counted
-(violations, kernel runs, entries) about one step late and never waits for the device.
-
-The counters are cumulative, so skipping a copy loses nothing: when every slot of the pipe is
-still in flight the new copy is simply not enqueued and a later one covers it.
+"""Counter snapshots (what the host learns from one publication of the device counters, see
+:mod:`.counter_mailbox`) and the completion events the upload buffers wait on without blocking.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,11 +18,9 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
 )
 
-PIPE_DEPTH = 4  # copies in flight at most; the scheduler never runs this far ahead of the device
-
 
 class CompletionEvent(Protocol):
-    """The two calls the pipe needs from a device event."""
+    """The calls the upload buffers need from a device event."""
 
     def record(self) -> None: ...
 
@@ -100,11 +90,11 @@ def event_factory_for(device: torch.device) -> Callable[[], CompletionEvent]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CounterSnapshot:
-    """The device counters as of one forward, with the host's step counts at that point."""
+    """The device counters as of one publication, with the host's counts at that point."""
 
-    steps: int  # forward steps with request rows completed when the copy was enqueued
-    launches: int  # canary launch pairs the host had enqueued when the copy was enqueued
-    sweep_launches: int  # radix sweep launches the host had enqueued by then
+    steps: int  # forward steps with request rows completed when the publication was enqueued
+    launches: int  # canary launch pairs the host had enqueued before the publication
+    sweep_launches: int  # radix sweep launches the host had enqueued before it
     counters: tuple[int, ...]  # consts.py counter layout
 
     @property
@@ -119,60 +109,3 @@ class CounterSnapshot:
 
 
 ZERO_SNAPSHOT = CounterSnapshot(steps=0, launches=0, sweep_launches=0, counters=(0,) * NUM_COUNTERS)
-
-
-# a copy in flight: (host tensor, its event, steps, launches, sweep launches) -- a plain tuple,
-# made once per forward
-_PendingCopy = tuple[torch.Tensor, CompletionEvent, int, int, int]
-
-
-class CounterSnapshotPipe:
-    """Up to :data:`PIPE_DEPTH` counter copies in flight; consumed in order, never waited for."""
-
-    def __init__(
-        self,
-        *,
-        counters: torch.Tensor,
-        new_event: Callable[[], CompletionEvent],
-        depth: int = PIPE_DEPTH,
-    ) -> None:
-        self._counters = counters
-        pinned = counters.device.type == "cuda"
-        self._free: list[tuple[torch.Tensor, CompletionEvent]] = [
-            (torch.empty(counters.shape, dtype=counters.dtype, pin_memory=pinned), new_event())
-            for _ in range(depth)
-        ]
-        self._pending: deque[_PendingCopy] = deque()
-
-    def enqueue(self, *, steps: int, launches: int, sweep_launches: int) -> bool:
-        """Copy the counters on the current stream; False when every slot is still in flight."""
-        if not self._free:
-            return False
-        host, event = self._free.pop()
-        host.copy_(self._counters, non_blocking=True)
-        event.record()
-        self._pending.append((host, event, steps, launches, sweep_launches))
-        return True
-
-    def drain(self) -> list[CounterSnapshot]:
-        """The completed copies, oldest first (never blocks)."""
-        done = []
-        pending = self._pending
-        while pending and pending[0][1].query():
-            host, event, steps, launches, sweep_launches = pending.popleft()
-            done.append(
-                CounterSnapshot(
-                    steps=steps, launches=launches, sweep_launches=sweep_launches,
-                    counters=tuple(host.tolist()),
-                )
-            )
-            self._free.append((host, event))
-        return done
-
-    def discard(self) -> None:
-        """Forget every copy in flight (after the device counters were reset): waits for them."""
-        while self._pending:
-            host, event, *_ = self._pending.popleft()
-            if not event.query():
-                event.synchronize()
-            self._free.append((host, event))

@@ -26,8 +26,8 @@ PER_FORWARD_KINDS: tuple[CheckKind, ...] = (
     CheckKind.WRITE,
 )
 HEALTH_OK_PREFIX = "kv_canary health ok:"
-# The consumed snapshots may trail the host by a few steps (the device runs behind); trailing by
-# more than this many steps at a check means the snapshot path itself stopped.
+# The snapshots read may trail the host by a few steps (the device runs behind); trailing by
+# more than this many steps at a check means the publication path itself stopped.
 MAX_SNAPSHOT_LAG_STEPS = 64
 
 
@@ -60,7 +60,7 @@ class HealthChecker:
             raise CanaryHealthError(
                 f"KV canary health check failed: canary path is not executing: the newest "
                 f"counter snapshot is from step {latest.steps}, {lag} steps behind step {steps} "
-                "(device-to-host counter copies stopped completing)"
+                "(the device's counter publications stopped arriving)"
             )
         runs = {kind: latest.kernel_runs(kind) for kind in PER_FORWARD_KINDS}
         expected = {kind: latest.launches for kind in PER_FORWARD_KINDS}

@@ -1,10 +1,12 @@
 """Host-side watch over the device counters: violations, health and stats, without host syncs.
 
-Per forward step the runtime calls :meth:`CanaryMonitor.poll` before the forward (consume the
-counter copies that completed, report new violation rows) and :meth:`CanaryMonitor.after_forward`
-after it (enqueue this forward's copy, run the periodic health check and stats line on the
-newest consumed snapshot). A violation produced by forward N is therefore reported at the first
-poll after the copy of forward N completed: normally the next step. While the scheduler is idle
+Per forward step the runtime calls :meth:`CanaryMonitor.poll` before the forward (read the newest
+publication of the counters that arrived, report new violation rows), :meth:`CanaryMonitor.publish`
+after the forward's canary launches (eagerly, or captured into its decode graph: see
+:mod:`.counter_mailbox`), and :meth:`CanaryMonitor.after_forward` after it (label the publication
+with the host's counts, run the periodic health check and stats line on the newest snapshot
+read). A violation produced by forward N is therefore reported at the first poll after the
+publication of forward N arrived: normally the next step. While the scheduler is idle
 (:meth:`CanaryMonitor.poll_idle`, from its idle loop, which in overlap mode passes several times
 per forward) it polls at the first idle pass after a forward, then at most once per
 :data:`IDLE_POLL_INTERVAL_S`.
@@ -19,11 +21,8 @@ from collections.abc import Callable
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.monitor.health import HealthChecker
-from sglang.srt.kv_canary.monitor.counter_snapshots import (
-    ZERO_SNAPSHOT,
-    CompletionEvent,
-    CounterSnapshotPipe,
-)
+from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
+from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT
 from sglang.srt.kv_canary.monitor.stats import stats_due, stats_line
 from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
 
@@ -33,21 +32,22 @@ IDLE_POLL_INTERVAL_S = 0.001  # idle passes without a forward in between poll at
 
 
 class CanaryMonitor:
-    """Owns the snapshot pipe, the violation reporter, the health checker and the stats line."""
+    """Owns the counter mailbox, the violation reporter, the health checker and the stats line."""
 
     def __init__(
         self,
         *,
         state: CanaryDeviceState,
         config: CanaryConfig,
-        new_event: Callable[[], CompletionEvent],
+        seal: Callable[..., None],
         line_suffix: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``line_suffix`` ends every violation, health and stats line (`` pool=draft`` for an
+        """``seal`` is the publish launch (``seal(counters=...)``, see :class:`CounterMailbox`);
+        ``line_suffix`` ends every violation, health and stats line (`` pool=draft`` for an
         EAGLE draft model's canary); ``clock`` (seconds) paces :meth:`poll_idle`."""
         self._suffix = line_suffix
-        self._pipe = CounterSnapshotPipe(counters=state.counters, new_event=new_event)
+        self._mailbox = CounterMailbox(counters=state.counters, seal=seal)
         self._reporter = ViolationReporter(
             ring=state.ring, counters=state.counters, mode=config.mode, line_suffix=line_suffix
         )
@@ -74,26 +74,41 @@ class CanaryMonitor:
         self.poll()
 
     def poll(self) -> None:
-        """Consume completed counter copies and report new violation rows (never waits).
+        """Read the newest counter publication that arrived and report new violation rows
+        (never waits).
 
         Raises:
             CanaryViolationError: raise mode and a new violation row arrived.
         """
-        for snapshot in self._pipe.drain():
+        snapshot = self._mailbox.read()
+        if snapshot is not None:
             self._latest = snapshot
             self._reporter.report(violation_count=snapshot.violations)
 
-    def after_forward(self, *, steps: int, launches: int, sweep_launches: int = 0) -> None:
-        """Enqueue the counter copy of the forward just launched; periodic health and stats.
+    def publish(self) -> None:
+        """Publish the counters after a forward's canary launches, on the current stream (eagerly
+        or into a graph being captured); never waits."""
+        self._mailbox.publish()
+
+    def after_forward(
+        self, *, steps: int, launches: int, sweep_launches: int = 0, publications: int
+    ) -> None:
+        """Label the forward's publication; periodic health and stats.
 
         Args:
             steps: forward steps with request rows completed, this one included.
             launches: canary launch pairs the host has enqueued so far.
             sweep_launches: radix sweep launches the host has enqueued so far.
+            publications: counter publications the host has enqueued so far (eager and
+                replayed), the newest after every launch counted above; equal to the last
+                call's when this forward published nothing.
         Raises:
             CanaryHealthError: the periodic health check failed.
         """
-        self._pipe.enqueue(steps=steps, launches=launches, sweep_launches=sweep_launches)
+        self._mailbox.label(
+            publications=publications, steps=steps, launches=launches,
+            sweep_launches=sweep_launches,
+        )
         self._forward_since_idle_poll = True
         if steps == self._last_periodic_step:
             return  # a forward without request rows: nothing new to check or print
@@ -105,9 +120,9 @@ class CanaryMonitor:
             logger.info(stats_line(self._latest) + self._suffix)
 
     def discard_pending(self) -> None:
-        """Forget the counter copies in flight and the violations handled so far (the device
-        counters were just reset: violation indices start again at 0)."""
-        self._pipe.discard()
+        """Forget the publications and the violations handled so far (the device counters were
+        just reset and the device synchronized: violation indices start again at 0)."""
+        self._mailbox.reset()
         self._latest = ZERO_SNAPSHOT
         self._last_periodic_step = 0
         self._reporter.restart()

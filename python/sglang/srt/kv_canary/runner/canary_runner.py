@@ -206,6 +206,11 @@ class CanaryRunner:
         self._captured_launches: dict[tuple[int, int], int] = {}
         self._launches_in_capture: int | None = None
         self._launches = 0  # canary launch pairs enqueued (eager + replayed) since serving started
+        # counter publications enqueued (eager + replayed) since serving started; per decode
+        # graph (graph runner, batch size) the publications captured into it (one)
+        self._publications = 0
+        self._captured_publications: dict[tuple[int, int], int] = {}
+        self._publications_in_capture: int | None = None
         self._steps = 0
         self._serving = False
         # EAGLE (spec v2): the draft model runner's canary checks the draft pool
@@ -406,7 +411,7 @@ class CanaryRunner:
             )
         install_model_forward(model=model_runner.model, runner=self)
         self.monitor = CanaryMonitor(
-            state=self.state, config=config, new_event=event_factory_for(self._device),
+            state=self.state, config=config, seal=self._kernels.publish_counters,
             line_suffix=DRAFT_LINE_SUFFIX if self._is_draft else "",
         )
         # faults are injected into the target model's forwards (the draft canary checks its
@@ -439,8 +444,9 @@ class CanaryRunner:
         """Capture one decode graph of ``bs`` rows: the captured forward reads graph-resident
         request ids (oracle on), a DECODE graph also computes its rows' next oracle tokens into
         the graph-resident ``next_tokens`` (the sampler takes them, see
-        :mod:`..token_oracle.graph_tokens`), and the canary launches captured into it are
-        counted."""
+        :mod:`..token_oracle.graph_tokens`); canary on, the graph publishes the counters after
+        the forward (:meth:`CanaryMonitor.publish`, so a replay needs no host work for them), and
+        the canary launches and publications captured into it are counted."""
         buffers = self._graph_ids_for(graph_runner) if self.oracle is not None else None
 
         @functools.wraps(forward)  # keeps inspect.signature(forward), which the runner inspects
@@ -457,14 +463,20 @@ class CanaryRunner:
                         logits_positions=positions[:bs], tokens_out=buffers.next_tokens[:bs],
                     )
                     self._token_graph_runners.add(id(graph_runner))
-            return forward(input_ids, positions, forward_batch, **forward_kwargs)
+            result = forward(input_ids, positions, forward_batch, **forward_kwargs)
+            if self.monitor is not None:
+                self._publish_counters()
+            return result
 
         self._launches_in_capture = 0
+        self._publications_in_capture = 0
         try:
             result = capture(forward_with_request_ids)
             self._captured_launches[(id(graph_runner), bs)] = self._launches_in_capture
+            self._captured_publications[(id(graph_runner), bs)] = self._publications_in_capture
         finally:
             self._launches_in_capture = None
+            self._publications_in_capture = None
         return result
 
     def capture_draft_graph(self, *, graph_runner: Any, capture: Callable[[], _T]) -> _T:
@@ -531,6 +543,7 @@ class CanaryRunner:
         self._pending_unit_append = 0
         self._launches = 0
         self._sweep_launches = 0
+        self._publications = 0
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         self.monitor.discard_pending()
@@ -634,8 +647,9 @@ class CanaryRunner:
     def run_forward(self, *, forward_batch: ForwardBatch, forward: Callable[[], _T]) -> _T:
         """One ``ModelRunner.forward`` under the canary's host-side work, outside any graph:
         report earlier forwards' violations, upload this batch's row updates (token history),
-        inject faults, run the forward, undo the faults, check the launch count, enqueue this
-        forward's counter copy, periodic health and stats.
+        inject faults, run the forward, undo the faults, check the launch count, publish the
+        counters (an eager forward; a replayed decode graph published them itself), the radix
+        sweep (publishing again when it launched), periodic health and stats.
 
         Raises:
             UnsupportedForwardModeError: the batch's mode is not checked by the canary.
@@ -658,6 +672,7 @@ class CanaryRunner:
             else []
         )
         launches_before = self._launches
+        publications_before = self._publications
         try:
             result = forward()
         finally:
@@ -675,13 +690,19 @@ class CanaryRunner:
                 f"{forward_batch.batch_size} rows) ran the canary launches {ran} times, "
                 f"expected {int(live)}. Corruption would go unreported."
             )
+        if live and self._publications == publications_before:
+            self._publish_counters()
         if live:
             if self._injector is not None:
                 self._injector.after_forward(forward_batch=forward_batch, step=self._steps)
             self._steps += 1
+            sweep_launches = self._sweep_launches
             self._sweep_after_forward()
+            if self._sweep_launches != sweep_launches:  # publish what the sweep found, too
+                self._publish_counters()
         monitor.after_forward(
-            steps=self._steps, launches=self._launches, sweep_launches=self._sweep_launches
+            steps=self._steps, launches=self._launches, sweep_launches=self._sweep_launches,
+            publications=self._publications,
         )
         return result
 
@@ -698,12 +719,14 @@ class CanaryRunner:
                 self.graph_tokens.withdraw()
 
     def on_graph_replay(self, *, graph_runner: Any) -> None:
-        """A decode / target-verify graph was replayed: count the canary launches captured into
-        it (not at ``replay_prepare``: EAGLE prepares the verify graph before
-        ``ModelRunner.forward``)."""
+        """A decode / target-verify graph was replayed: count the canary launches and counter
+        publications captured into it (not at ``replay_prepare``: EAGLE prepares the verify
+        graph before ``ModelRunner.forward``)."""
         self._pending_unit_append = 0  # the replay applied it
         if self._serving:
-            self._launches += self._captured_launches.get((id(graph_runner), graph_runner.bs), 0)
+            key = (id(graph_runner), graph_runner.bs)
+            self._launches += self._captured_launches.get(key, 0)
+            self._publications += self._captured_publications.get(key, 0)
 
     def replay_draft(
         self, *, graph_runner: Any, forward_batch: ForwardBatch, replay: Callable[[], _T]
@@ -760,17 +783,19 @@ class CanaryRunner:
         self, *, graph_runner: Any, forward_batch: ForwardBatch, replay: Callable[[], _T]
     ) -> _T:
         """The host work of one replayed EAGLE graph, as :meth:`run_forward` does for an eager
-        forward: report, upload, replay, count its launches, enqueue the counter copy (after
-        the replay, so the copy counts its launches)."""
+        forward: report, upload, replay, count its launches, publish the counters (after the
+        replay, so the publication counts its launches; these graphs capture none)."""
         self.monitor.poll()
         if forward_batch.batch_size > 0:
             self._upload(forward_batch)
         result = replay()
         self._pending_unit_append = 0  # the replay applied it
         self._launches += self._draft_graph_launches.get(id(graph_runner), 0)
+        self._publish_counters()
         self._steps += 1
         self.monitor.after_forward(
-            steps=self._steps, launches=self._launches, sweep_launches=self._sweep_launches
+            steps=self._steps, launches=self._launches, sweep_launches=self._sweep_launches,
+            publications=self._publications,
         )
         return result
 
@@ -813,6 +838,16 @@ class CanaryRunner:
             tree_cache=tree_cache, state=self.state, launch=self._kernels.sweep,
             interval=self.config.sweep_interval,
         )
+
+    def _publish_counters(self) -> None:
+        """Publish the counters (:meth:`CanaryMonitor.publish`) and count the publication:
+        into the graph being captured, or as enqueued."""
+        self.monitor.publish()
+        if _capturing(self._device):
+            if self._publications_in_capture is not None:
+                self._publications_in_capture += 1
+        else:
+            self._publications += 1
 
     def _sweep_after_forward(self) -> None:
         sweep = self._sweep

@@ -43,7 +43,9 @@ class CanaryKernels:
     req_pool_indices, out_cache_loc, accept_lens, block)`` (after an EAGLE verification). Those
     four run outside graphs. ``append_history_tokens`` (keyword contract of
     ``launch_append_history_tokens``) is the decode step's token-history append, captured in
-    graphs before the pre launch.
+    graphs before the pre launch. ``publish_counters`` (keyword contract of
+    ``launch_publish_counters``) seals the counters for the host's copy after each forward,
+    captured into decode graphs.
     """
 
     backend: KernelBackend
@@ -54,6 +56,7 @@ class CanaryKernels:
     admission_owner_check: Callable[..., None]
     accepted_owner_resync: Callable[..., None]
     append_history_tokens: Callable[..., None]
+    publish_counters: Callable[..., None]
 
 
 def load_kernels(backend: KernelBackend) -> CanaryKernels:
@@ -64,6 +67,7 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
     admission = importlib.import_module(backend.module("admission_owner"))
     accepted = importlib.import_module(backend.module("accepted_owner"))
     append = importlib.import_module(backend.module("append_history"))
+    publish = importlib.import_module(backend.module("publish_counters"))
     return CanaryKernels(
         backend=backend,
         pre_forward=forward.launch_pre_forward,
@@ -73,4 +77,5 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
         admission_owner_check=admission.launch_admission_owner_check,
         accepted_owner_resync=accepted.launch_accepted_owner_resync,
         append_history_tokens=append.launch_append_history_tokens,
+        publish_counters=publish.launch_publish_counters,
     )
