@@ -144,7 +144,7 @@ def test_interprets_even_when_triton_was_imported_before_the_interpreter_was_cho
     prelude = "import triton, triton.language\nos.environ['TRITON_INTERPRET'] = '1'"
     chain = 0x0C0FFEE5EED5A17
     assert _run_fresh(prelude) == (
-        f"[9, {chain}, 0, 1] [0, 1, 0, 1, 1, 1, 0, 0, 1, 1, 0]"
+        f"[9, {chain}, 0, 1] [0, 1, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0]"
     )
 
 

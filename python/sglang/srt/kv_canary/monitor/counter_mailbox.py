@@ -21,16 +21,20 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from sglang.jit_kernel.kv_canary.consts import (
+    CHECKSUM_BASE,
+    CHECKSUM_KEYS,
     COUNTER_CHECKSUM,
     COUNTER_PUBLISHES,
-    counters_checksum,
 )
 from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 
 MAX_LABELS = 4096  # labels kept for publications not read yet (the device trails by a few)
+_KEYS = np.array(CHECKSUM_KEYS, dtype=np.int64)
+_INT64_MODULUS = 1 << 64
 
 # (publication number, steps, launches, sweep launches): a plain tuple, one per forward
 _Label = tuple[int, int, int, int]
@@ -78,9 +82,13 @@ class CounterMailbox:
         """The newest publication that arrived since the last read, with its label; None when
         none did, when the read caught a copy landing (checksum), or when the publication has
         no label (a graph warm-up outside a forward). Host only, never waits."""
-        words = self._words.tolist()
-        publication = words[COUNTER_PUBLISHES]
-        if publication <= self._last_read or words[COUNTER_CHECKSUM] != counters_checksum(words):
+        words = self._words.copy()  # one read of the host copy; the checks below look at it
+        publication = int(words[COUNTER_PUBLISHES])
+        if publication <= self._last_read:
+            return None
+        # consts.counters_checksum in one wrapping int64 dot product (numpy wraps silently)
+        summed = int(np.dot(words[:COUNTER_CHECKSUM], _KEYS))
+        if (summed + CHECKSUM_BASE - int(words[COUNTER_CHECKSUM])) % _INT64_MODULUS:
             return None
         self._last_read = publication
         labels = self._labels
@@ -90,7 +98,8 @@ class CounterMailbox:
             return None
         _, steps, launches, sweep_launches = labels.popleft()
         return CounterSnapshot(
-            steps=steps, launches=launches, sweep_launches=sweep_launches, counters=tuple(words)
+            steps=steps, launches=launches, sweep_launches=sweep_launches,
+            counters=tuple(words.tolist()),
         )
 
     def reset(self) -> None:
