@@ -6,6 +6,7 @@ each replay's counters."""
 import random
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,8 +15,8 @@ from sglang.jit_kernel.kv_canary.consts import (
     COUNTER_CHECKSUM,
     COUNTER_PUBLISHES,
     NUM_COUNTERS,
-    counters_checksum,
 )
+from sglang.jit_kernel.kv_canary.hashing import counters_checksum, counters_checksum_holds
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")
@@ -56,6 +57,18 @@ def test_every_word_before_the_checksum_enters_it():
         changed[index] += 1
         assert counters_checksum(changed) != sealed[COUNTER_CHECKSUM], index
     assert counters_checksum([0] * NUM_COUNTERS) != 0  # a zeroed copy never checks out
+
+
+def test_the_host_check_agrees_with_the_scalar_checksum():
+    """The numpy check the mailbox runs on every copy it reads: true for a sealed copy, false
+    once any word (the checksum included) differs."""
+    for words in _counter_cases():
+        sealed = np.array(_expected(words), dtype=np.int64)
+        assert counters_checksum_holds(sealed)
+        for index in range(NUM_COUNTERS):
+            changed = sealed.copy()
+            changed[index] += 1
+            assert not counters_checksum_holds(changed), index
 
 
 @pytest.mark.parametrize("impl, device", [p for p in IMPLS if "cuda" not in p.id])

@@ -32,8 +32,8 @@ written only by the host: how many violation indices it has handled, which frees
 for reuse.
 
 Counter publications. After each forward the publish launch (:mod:`.publish_counters`) adds 1 to
-``counters[COUNTER_PUBLISHES]`` and writes ``counters_checksum`` of words ``[0, COUNTER_CHECKSUM)``
-into ``counters[COUNTER_CHECKSUM]``; the runtime then copies the counters into pinned host memory,
+``counters[COUNTER_PUBLISHES]`` and writes the checksum of words ``[0, COUNTER_CHECKSUM)``
+(:func:`.hashing.counters_checksum`) into ``counters[COUNTER_CHECKSUM]``; the runtime then copies the counters into pinned host memory,
 which the host reads without an event or a sync. A copy the host reads while it lands mixes two
 publications' words, and its checksum then differs (but with probability ~2**-54): such a read is
 ignored, a later one sees the whole copy.
@@ -42,7 +42,6 @@ ignored, a later one sees the whole copy.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
@@ -153,30 +152,8 @@ COUNTER_CONSUMED = 2  # violation indices the host has handled (host)
 COUNTER_KERNEL_RUNS = 3  # + CheckKind: launches that ran (device)
 COUNTER_ENTRIES = COUNTER_KERNEL_RUNS + len(CheckKind)  # + CheckKind: slots checked/written
 COUNTER_PUBLISHES = COUNTER_ENTRIES + len(CheckKind)  # publications: the publish launch adds 1
-COUNTER_CHECKSUM = COUNTER_PUBLISHES + 1  # counters_checksum of the words before it (device)
+COUNTER_CHECKSUM = COUNTER_PUBLISHES + 1  # checksum of the words before it (device)
 NUM_COUNTERS = COUNTER_CHECKSUM + 1
 
 CHECKSUM_BASE = 0x4B56_4341_4E41_5259  # < 2**63: an all-zero copy never checks out
-CHECKSUM_MULTIPLIER = 0x1F35_A7BD_5E3A_9B17  # < 2**63, odd
-_INT64_MODULUS = 1 << 64
-
-
-def _signed_int64(value: int) -> int:
-    value %= _INT64_MODULUS
-    return value - _INT64_MODULUS if value >= 1 << 63 else value
-
-
-# word i of the counters enters the checksum times key i: ((i + 1) * CHECKSUM_MULTIPLIER) | 1
-# in int64 arithmetic (wrapping), what the kernel and the torch reference compute
-CHECKSUM_KEYS: tuple[int, ...] = tuple(
-    _signed_int64(((index + 1) * CHECKSUM_MULTIPLIER) | 1) for index in range(COUNTER_CHECKSUM)
-)
-
-
-def counters_checksum(words: Sequence[int]) -> int:
-    """``CHECKSUM_BASE + sum(words[i] * CHECKSUM_KEYS[i])`` over the ``COUNTER_CHECKSUM`` words
-    before the checksum, wrapped to a signed int64 (the value the publish launch stores)."""
-    total = CHECKSUM_BASE + sum(
-        word * key for word, key in zip(words[:COUNTER_CHECKSUM], CHECKSUM_KEYS, strict=True)
-    )
-    return _signed_int64(total)
+CHECKSUM_MULTIPLIER = 0x1F35_A7BD_5E3A_9B17  # < 2**63, odd: word i's key, see hashing.py

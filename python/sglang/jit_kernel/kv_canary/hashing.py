@@ -23,6 +23,10 @@ also have numpy forms for the host (a request's owner chain at admission):
   SGLang's four rows), so one source can be checked without reading the others (see
   :func:`due_source_scalar`); a changed word goes unseen with probability ``2**-W``. A slot
   outside a source's rows folds zero words (and rotates as slot 0).
+- the checksum of a counter publication (:mod:`.publish_counters`): ``CHECKSUM_BASE +
+  sum(counters[i] * CHECKSUM_KEYS[i])`` over the words before ``COUNTER_CHECKSUM``, with
+  ``CHECKSUM_KEYS[i] = ((i + 1) * CHECKSUM_MULTIPLIER) | 1``, in wrapping int64; a scalar form
+  and the numpy check the host runs on each copy it reads (:func:`counters_checksum_holds`).
 - the source a ``partial`` verify reads (:func:`due_source_scalar`): at prefix position ``p``
   in the forward with step ``S`` and verify stride ``N``, the position is due when ``(p + S) %
   N == 0``, and then only source ``((p + S) // N) % L`` is read and its lane compared: one
@@ -46,6 +50,9 @@ from sglang.jit_kernel.kv_canary.consts import (
     CHAIN_ANCHOR,
     CHAIN_SALT,
     CHAIN_TERM_BITS,
+    CHECKSUM_BASE,
+    CHECKSUM_MULTIPLIER,
+    COUNTER_CHECKSUM,
     FINGERPRINT_SALT,
     TOKEN_MASK,
 )
@@ -59,6 +66,28 @@ def to_signed_i64(value: int) -> int:
     """Reinterpret the low 64 bits of ``value`` as a signed int64."""
     value &= U64_MASK
     return value - (1 << 64) if value >= (1 << 63) else value
+
+
+CHECKSUM_KEYS: tuple[int, ...] = tuple(
+    to_signed_i64(((index + 1) * CHECKSUM_MULTIPLIER) | 1) for index in range(COUNTER_CHECKSUM)
+)
+_CHECKSUM_KEYS_ARRAY = np.array(CHECKSUM_KEYS, dtype=np.int64)
+
+
+def counters_checksum(words: Sequence[int]) -> int:
+    """The checksum of a counter publication (scalar form): what the publish launch stores at
+    ``COUNTER_CHECKSUM`` for ``words`` (the ``COUNTER_CHECKSUM`` words before it are read)."""
+    total = CHECKSUM_BASE + sum(
+        word * key for word, key in zip(words[:COUNTER_CHECKSUM], CHECKSUM_KEYS, strict=True)
+    )
+    return to_signed_i64(total)
+
+
+def counters_checksum_holds(words: np.ndarray) -> bool:
+    """Whether int64 ``words`` (``[NUM_COUNTERS]``) carry their own checksum: the numpy form of
+    :func:`counters_checksum`, one wrapping dot product (numpy integer arithmetic wraps)."""
+    summed = int(np.dot(words[:COUNTER_CHECKSUM], _CHECKSUM_KEYS_ARRAY))
+    return (summed + CHECKSUM_BASE - int(words[COUNTER_CHECKSUM])) & U64_MASK == 0
 
 
 def to_unsigned_u64(value: int) -> int:

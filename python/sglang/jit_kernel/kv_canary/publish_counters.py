@@ -6,8 +6,8 @@ Contract (``counters``: int64 ``[NUM_COUNTERS]``, contiguous, the device state's
 in :mod:`.consts`):
 
 - ``counters[COUNTER_PUBLISHES] += 1``;
-- ``counters[COUNTER_CHECKSUM] = counters_checksum(counters[:COUNTER_CHECKSUM])`` (after the
-  increment): ``CHECKSUM_BASE + sum(counters[i] * CHECKSUM_KEYS[i])`` in wrapping int64.
+- ``counters[COUNTER_CHECKSUM] = hashing.counters_checksum(counters)`` (after the increment):
+  ``CHECKSUM_BASE + sum(counters[i] * CHECKSUM_KEYS[i])`` in wrapping int64.
 
 Every other word is left as it is. The caller copies the counters to the host right after this
 launch, on the same stream (:mod:`sglang.srt.kv_canary.monitor.counter_mailbox`); a host read

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import (
-    CHECKSUM_BASE,
-    CHECKSUM_KEYS,
-    COUNTER_CHECKSUM,
-    COUNTER_PUBLISHES,
-)
+from sglang.jit_kernel.kv_canary.consts import CHECKSUM_BASE, COUNTER_CHECKSUM, COUNTER_PUBLISHES
+from sglang.jit_kernel.kv_canary.hashing import CHECKSUM_KEYS
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_publish_inputs
 
 

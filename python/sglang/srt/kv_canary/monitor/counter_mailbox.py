@@ -21,20 +21,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import (
-    CHECKSUM_BASE,
-    CHECKSUM_KEYS,
-    COUNTER_CHECKSUM,
-    COUNTER_PUBLISHES,
-)
+from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES
+from sglang.jit_kernel.kv_canary.hashing import counters_checksum_holds
 from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 
 MAX_LABELS = 4096  # labels kept for publications not read yet (the device trails by a few)
-_KEYS = np.array(CHECKSUM_KEYS, dtype=np.int64)
-_INT64_MODULUS = 1 << 64
 
 # (publication number, steps, launches, sweep launches): a plain tuple, one per forward
 _Label = tuple[int, int, int, int]
@@ -86,9 +79,7 @@ class CounterMailbox:
         publication = int(words[COUNTER_PUBLISHES])
         if publication <= self._last_read:
             return None
-        # consts.counters_checksum in one wrapping int64 dot product (numpy wraps silently)
-        summed = int(np.dot(words[:COUNTER_CHECKSUM], _KEYS))
-        if (summed + CHECKSUM_BASE - int(words[COUNTER_CHECKSUM])) % _INT64_MODULUS:
+        if not counters_checksum_holds(words):
             return None
         self._last_read = publication
         labels = self._labels
