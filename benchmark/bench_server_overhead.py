@@ -34,14 +34,17 @@ Targets (printed with a verdict, vs ``off``): on ``8b`` every workload: all-chec
 >= 0.985x and TTFT <= 1.03x, canary throughput >= 0.995x, and all-checks adds <= 0.1 ms per
 decode step on ``decode64_8k``; on ``tiny``: all-checks throughput >= 0.92x.
 
-Workloads (``server_workloads.py``): one streamed ``/generate`` batch per round, all requests
-arriving together; prompts are random ordinary token ids, identical across configurations;
+Workloads (``server_workloads.py``): one streamed ``/generate`` batch per round (``ttft1``: 32
+of them, one after another), all requests of a batch arriving together; prompts are random ordinary token ids, identical across configurations;
 ``ignore_eos``. Every workload reports throughput (output tok/s, prompt tok/s for
 ``prefill32``), the mean TTFT (request sent to its first token's chunk) and ms per decode step
 (the last request's first token to the end of the batch, over ``new_tokens - 1`` steps):
 
 - ``decode64``: 64 x 128-token prompts, 256 new tokens (decode-heavy);
 - ``bs1``: 1 x 128-token prompt, 512 new tokens (batch-1 decode);
+- ``ttft1``: 32 batch-1 requests of a 128-token prompt and 2 new tokens, one after another
+  (batch-1 time to first token: each round's TTFT is a mean over 32 requests, where ``bs1``'s is
+  one request's);
 - ``prefill32``: 32 x 2048-token prompts, 8 new tokens (prefill-heavy);
 - ``prefill64x512``: 64 x 512-token prompts, 512 new tokens (concurrent prefill);
 - ``decode64_8k``: 64 x 8192-token prompts, 256 new tokens (decode over 8k-token histories);
@@ -232,9 +235,11 @@ MODELS: dict[str, ModelShape] = {
                                        canary_throughput=0.995),
         # Seen on one H200: ready after 50-95 s; the 8k and 32k warm-ups prefill every prefix.
         startup_estimate_s=100.0,
-        warm_up_estimate_s={"decode64": 4.5, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
+        warm_up_estimate_s={"decode64": 4.5, "bs1": 3.0, "ttft1": 2.0, "prefill32": 2.0,
+                            "prefill64x512": 5.5,
                             "decode64_8k": 28.0, "bs1_32k": 8.0, "admit64_8k": 20.0},
-        round_estimate_s={"decode64": 2.0, "bs1": 3.0, "prefill32": 2.0, "prefill64x512": 5.5,
+        round_estimate_s={"decode64": 2.0, "bs1": 3.0, "ttft1": 1.5, "prefill32": 2.0,
+                          "prefill64x512": 5.5,
                           "decode64_8k": 10.5, "bs1_32k": 5.0, "admit64_8k": 1.5},
         server_args=(*POOL_ARGS, "--mem-fraction-static", "0.8"),
     ),
@@ -245,9 +250,11 @@ MODELS: dict[str, ModelShape] = {
         # Seen on one H200: ready after 100 s on a fresh host (Triton compiles), 40-50 s later;
         # the first canary server compiles its kernels in its first warm-up.
         startup_estimate_s=110.0,
-        warm_up_estimate_s={"decode64": 3.0, "bs1": 1.0, "prefill32": 0.5, "prefill64x512": 1.5,
+        warm_up_estimate_s={"decode64": 3.0, "bs1": 1.0, "ttft1": 1.0, "prefill32": 0.5,
+                            "prefill64x512": 1.5,
                             "decode64_8k": 1.5, "bs1_32k": 0.5, "admit64_8k": 1.5},
-        round_estimate_s={"decode64": 0.7, "bs1": 0.8, "prefill32": 0.2, "prefill64x512": 1.2,
+        round_estimate_s={"decode64": 0.7, "bs1": 0.8, "ttft1": 0.6, "prefill32": 0.2,
+                          "prefill64x512": 1.2,
                           "decode64_8k": 1.0, "bs1_32k": 0.5, "admit64_8k": 0.5},
         server_args=POOL_ARGS,
     ),

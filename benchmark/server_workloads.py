@@ -24,7 +24,7 @@ import random
 import statistics
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -51,6 +51,11 @@ class Workload:
             warm-up round, which prefills them, and the measured rounds reuse them. 0: every
             round's prompts are new and the cache is flushed before every round.
         step_target: whether the "ms added per decode step" target applies to this workload.
+        sequential_batches: batches sent one after another in a round, each its own
+            ``/generate`` with fresh prompts (the next one sent when the previous one's stream
+            ended); the round pools them (:meth:`RoundTiming.pooled`). Many small batches give
+            one server's time to first token a mean over many requests, where a single batch-1
+            request per round leaves it to a handful of samples.
         note: what the workload stands for, for the printed table.
     """
 
@@ -61,12 +66,16 @@ class Workload:
     throughput: ThroughputKind
     cached_prefix_tokens: int = 0
     step_target: bool = False
+    sequential_batches: int = 1
     note: str = ""
 
     def __post_init__(self) -> None:
         if self.num_requests < 1 or self.prompt_tokens < 1 or self.new_tokens < 2:
             raise ValueError(f"workload {self.name!r}: num_requests >= 1, prompt_tokens >= 1 and "
                              "new_tokens >= 2 are required")
+        if self.sequential_batches < 1:
+            raise ValueError(f"workload {self.name!r}: sequential_batches="
+                             f"{self.sequential_batches} is invalid; allowed: an integer >= 1")
         if not 0 <= self.cached_prefix_tokens < self.prompt_tokens:
             raise ValueError(f"workload {self.name!r}: cached_prefix_tokens="
                              f"{self.cached_prefix_tokens} is invalid; allowed: 0 <= n < "
@@ -85,9 +94,11 @@ class Workload:
     def describe(self) -> str:
         cached = (f", first {self.cached_prefix_tokens} prompt tokens reused from the radix "
                   "cache in measured rounds" if self.cached_prefix_tokens else "")
+        batches = (f", {self.sequential_batches} such batches one after another per round"
+                   if self.sequential_batches > 1 else "")
         note = f" ({self.note})" if self.note else ""
         return (f"{self.num_requests} x {self.prompt_tokens}-token prompts, {self.new_tokens} new "
-                f"tokens{cached}; throughput = {self.throughput} tok/s{note}")
+                f"tokens{cached}{batches}; throughput = {self.throughput} tok/s{note}")
 
 
 WORKLOADS: tuple[Workload, ...] = (
@@ -95,6 +106,9 @@ WORKLOADS: tuple[Workload, ...] = (
              throughput="output", note="decode-heavy batch"),
     Workload(name="bs1", num_requests=1, prompt_tokens=128, new_tokens=512,
              throughput="output", note="batch-1 decode"),
+    Workload(name="ttft1", num_requests=1, prompt_tokens=128, new_tokens=2,
+             throughput="output", sequential_batches=32,
+             note="batch-1 time to first token: a mean over 32 requests per round"),
     Workload(name="prefill32", num_requests=32, prompt_tokens=2048, new_tokens=8,
              throughput="prompt", note="prefill-heavy batch"),
     Workload(name="prefill64x512", num_requests=64, prompt_tokens=512, new_tokens=512,
@@ -112,15 +126,18 @@ WORKLOADS: tuple[Workload, ...] = (
 WORKLOADS_BY_NAME: dict[str, Workload] = {workload.name: workload for workload in WORKLOADS}
 
 
-def round_payload(*, workload: Workload, vocab_size: int, round_index: int) -> dict[str, object]:
-    """The streamed ``/generate`` batch of one round (round 0 is the warm-up).
+def round_payload(*, workload: Workload, vocab_size: int, round_index: int,
+                  batch_index: int = 0) -> dict[str, object]:
+    """The streamed ``/generate`` batch ``batch_index`` of one round (round 0 is the warm-up;
+    ``batch_index`` below ``workload.sequential_batches``).
 
-    Deterministic for (workload, round), so every configuration gets the same prompts. Token
-    ids are ordinary (no special token). The first ``cached_prefix_tokens`` of request ``i`` depend
-    on (workload, i) only; the rest depends on the round too, so no two rounds share more than
-    that prefix.
+    Deterministic for (workload, round, batch), so every configuration gets the same prompts.
+    Token ids are ordinary (no special token). The first ``cached_prefix_tokens`` of request
+    ``i`` depend on (workload, i) only; the rest depends on the round and the batch too, so no
+    two batches share more than that prefix.
     """
-    rng = random.Random(f"{workload.name}/{round_index}")
+    seed = f"{workload.name}/{round_index}"
+    rng = random.Random(seed if batch_index == 0 else f"{seed}/{batch_index}")
     ordinary = range(FIRST_ORDINARY_TOKEN_ID, vocab_size)
     fresh_tokens = workload.prompt_tokens - workload.cached_prefix_tokens
     prompts = []
@@ -165,6 +182,26 @@ class RoundTiming:
     @property
     def mean_ttft_s(self) -> float:
         return statistics.fmean(self.ttft_s)
+
+    @classmethod
+    def pooled(cls, timings: Sequence[RoundTiming]) -> RoundTiming:
+        """One round of batches sent one after another: wall times and token counts summed,
+        every request's TTFT kept, the decode time their mean (so :attr:`step_ms` is the mean
+        decode step).
+
+        Raises:
+            ValueError: no timings, or timings with different ``new_tokens``.
+        """
+        if not timings or len({timing.new_tokens for timing in timings}) != 1:
+            raise ValueError("pooling needs one or more timings with the same new_tokens")
+        return cls(
+            wall_s=sum(timing.wall_s for timing in timings),
+            ttft_s=tuple(ttft for timing in timings for ttft in timing.ttft_s),
+            decode_s=statistics.fmean(timing.decode_s for timing in timings),
+            new_tokens=timings[0].new_tokens,
+            prompt_tokens=sum(timing.prompt_tokens for timing in timings),
+            output_tokens=sum(timing.output_tokens for timing in timings),
+        )
 
     def tok_s(self, kind: ThroughputKind) -> float:
         """Output or prompt tokens of the round per second of wall time."""
@@ -321,16 +358,23 @@ def flush_radix_cache(server: BenchServer) -> None:
 def run_round(server: BenchServer, *, workload: Workload, vocab_size: int, round_index: int,
               timeout_s: float, clock: Callable[[], float]) -> RoundTiming:
     """Flush the radix cache (before every round, or only before the warm-up round 0 of a
-    workload with a cached prefix), then send and time round ``round_index``.
+    workload with a cached prefix), then send and time round ``round_index``: its batches one
+    after another, pooled (:meth:`RoundTiming.pooled`) when there are several.
 
     Raises:
         RuntimeError: the flush was refused, or :class:`StreamError`.
     """
     if round_index == 0 or not workload.cached_prefix_tokens:
         flush_radix_cache(server)
-    payload = round_payload(workload=workload, vocab_size=vocab_size, round_index=round_index)
-    return stream_generate(base_url=server.base_url, payload=payload, timeout_s=timeout_s,
-                           clock=clock)
+    timings = [
+        stream_generate(
+            base_url=server.base_url,
+            payload=round_payload(workload=workload, vocab_size=vocab_size,
+                                  round_index=round_index, batch_index=batch_index),
+            timeout_s=timeout_s, clock=clock)
+        for batch_index in range(workload.sequential_batches)
+    ]
+    return timings[0] if len(timings) == 1 else RoundTiming.pooled(timings)
 
 
 class RoundRunner(Protocol):

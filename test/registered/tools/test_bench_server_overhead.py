@@ -29,8 +29,8 @@ import server_workloads as workloads  # noqa: E402
 
 ALL_CONFIGS = ("off", "all-checks", "all-checks-s4", "canary", "canary+partial", "oracle",
                "stock", "stock-piecewise")
-ALL_WORKLOADS = ("decode64", "bs1", "prefill32", "prefill64x512", "decode64_8k", "bs1_32k",
-                 "admit64_8k")
+ALL_WORKLOADS = ("decode64", "bs1", "ttft1", "prefill32", "prefill64x512", "decode64_8k",
+                 "bs1_32k", "admit64_8k")
 
 
 # ----------------------------------------------------------------------------- options
@@ -292,6 +292,12 @@ def test_workloads_and_the_pool_they_need() -> None:
     with pytest.raises(ValueError, match="cached_prefix_tokens=8 is invalid"):
         workloads.Workload(name="x", num_requests=1, prompt_tokens=8, new_tokens=2,
                            throughput="output", cached_prefix_tokens=8)
+    assert [name for name, w in by_name.items() if w.sequential_batches > 1] == ["ttft1"]
+    assert (by_name["ttft1"].num_requests, by_name["ttft1"].prompt_tokens,
+            by_name["ttft1"].sequential_batches) == (1, 128, 32)
+    with pytest.raises(ValueError, match="sequential_batches=0 is invalid"):
+        workloads.Workload(name="x", num_requests=1, prompt_tokens=8, new_tokens=2,
+                           throughput="output", sequential_batches=0)
 
 
 def test_round_payloads_are_streamed_distinct_per_round_and_equal_per_config() -> None:
@@ -307,6 +313,18 @@ def test_round_payloads_are_streamed_distinct_per_round_and_equal_per_config() -
     assert first["stream"] is True
     assert first["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.0,
                                         "ignore_eos": True, "stream_interval": 8}
+
+
+def test_sequential_batches_have_fresh_prompts_and_the_first_keeps_the_round_s() -> None:
+    workload = workloads.WORKLOADS_BY_NAME["ttft1"]
+    batches = [workloads.round_payload(workload=workload, vocab_size=4096, round_index=1,
+                                       batch_index=index) for index in range(32)]
+    assert batches[0] == workloads.round_payload(workload=workload, vocab_size=4096,
+                                                 round_index=1)
+    assert len({tuple(payload["input_ids"][0]) for payload in batches}) == 32
+    again = workloads.round_payload(workload=workload, vocab_size=4096, round_index=2,
+                                    batch_index=5)
+    assert again["input_ids"] != batches[5]["input_ids"]
 
 
 def test_a_cached_prefix_is_the_same_in_every_round() -> None:
@@ -346,6 +364,23 @@ def test_ttft_and_decode_step_from_the_stream() -> None:
     assert (timing.prompt_tokens, timing.output_tokens) == (32, 10)
     assert timing.tok_s("output") == pytest.approx(10 / 1.2)
     assert timing.tok_s("prompt") == pytest.approx(32 / 1.2)
+
+
+def test_pooled_batches_sum_walls_and_tokens_keep_every_ttft_and_average_the_step() -> None:
+    first = workloads.RoundTiming(wall_s=0.5, ttft_s=(0.2,), decode_s=0.2, new_tokens=3,
+                                  prompt_tokens=16, output_tokens=3)
+    second = workloads.RoundTiming(wall_s=0.7, ttft_s=(0.4,), decode_s=0.4, new_tokens=3,
+                                   prompt_tokens=16, output_tokens=3)
+    pooled = workloads.RoundTiming.pooled([first, second])
+    assert pooled.wall_s == pytest.approx(1.2) and pooled.ttft_s == (0.2, 0.4)
+    assert pooled.mean_ttft_s == pytest.approx(0.3)
+    assert pooled.step_ms == pytest.approx(150.0)  # mean decode 0.3 s over 2 steps
+    assert (pooled.prompt_tokens, pooled.output_tokens) == (32, 6)
+    other = workloads.RoundTiming(wall_s=1.0, ttft_s=(0.1,), decode_s=0.1, new_tokens=4,
+                                  prompt_tokens=1, output_tokens=4)
+    for timings in ([], [first, other]):
+        with pytest.raises(ValueError, match="same new_tokens"):
+            workloads.RoundTiming.pooled(timings)
 
 
 def test_a_request_finishing_in_its_first_chunk_has_its_ttft_there() -> None:
@@ -391,15 +426,20 @@ def test_rounds_stream_over_http_and_flush_as_the_workload_says(tmp_path: pathli
                               throughput="output", cached_prefix_tokens=32)
     short = workloads.Workload(name="short", num_requests=2, prompt_tokens=8, new_tokens=3,
                                throughput="prompt")
+    serial = workloads.Workload(name="serial", num_requests=1, prompt_tokens=8, new_tokens=2,
+                                throughput="output", sequential_batches=4)
     with start_server(_fake_launch(tmp_path)) as server:
         server.wait_ready()
         timings = [workloads.run_round(server, workload=workload, vocab_size=4096,
                                        round_index=index, timeout_s=10.0, clock=time.monotonic)
-                   for workload in (long, short) for index in range(3)]
-        flushes = server.log_text().count("POST /flush_cache")
-    assert flushes == 1 + 3  # the cached-prefix workload before its warm-up only
-    assert [len(timing.ttft_s) for timing in timings] == [3, 3, 3, 2, 2, 2]
+                   for workload in (long, short, serial) for index in range(3)]
+        log = server.log_text()
+    # the cached-prefix workload before its warm-up only; the others before every round
+    assert log.count("POST /flush_cache") == 1 + 3 + 3
+    assert log.count("POST /generate") == 3 + 3 + 3 * 4  # a serial round sends its 4 batches
+    assert [len(timing.ttft_s) for timing in timings] == [3, 3, 3, 2, 2, 2, 4, 4, 4]
     assert timings[0].output_tokens == 18 and timings[0].prompt_tokens == 120
+    assert timings[-1].output_tokens == 8 and timings[-1].prompt_tokens == 32
     assert all(0 < max(t.ttft_s) <= t.wall_s and 0 <= t.decode_s <= t.wall_s for t in timings)
 
 
