@@ -26,6 +26,14 @@ working set of about 2.5 MB before every ``ModelRunner.forward``: a stand-in for
 host work per step that is not the canary, to see whether extra host work alone slows the
 controls.
 
+``KV_CANARY_HOST_PROFILE="module:Attr.path,..."`` (with the timers on) runs ``cProfile`` inside
+every call of those functions, C calls (torch's, CUDA's) included, from the
+``KV_CANARY_HOST_PROFILE_SKIP``-th call on (default 200: after the warm-up) for
+``KV_CANARY_HOST_PROFILE_CALLS`` calls (default 200), then logs once ``KV canary host profile
+over N calls of NAMES:`` and the 30 functions with the most own time, each as ``own_us
+cumulative_us xcalls`` per call of the first name. The profiler slows the Python it traces, so
+read its shares, not its totals; the timers give the real totals.
+
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 ``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
 ``xcalls`` is the share of eager forwards and their mean is per eager (mostly EXTEND) forward.
@@ -33,8 +41,10 @@ Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 
 from __future__ import annotations
 
+import cProfile
 import functools
 import gc
+import pstats
 import importlib
 import logging
 import os
@@ -132,9 +142,10 @@ TIMED = (
 
 
 
-def extra_timed(value: str) -> tuple[tuple[str, str], ...]:
-    """The value of ``KV_CANARY_HOST_TIMERS_EXTRA``: ``module:attribute.path`` items, comma
-    separated (empty: none).
+def extra_timed(value: str, *, variable: str = "KV_CANARY_HOST_TIMERS_EXTRA"
+                ) -> tuple[tuple[str, str], ...]:
+    """The value of ``variable`` (``KV_CANARY_HOST_TIMERS_EXTRA`` or ``KV_CANARY_HOST_PROFILE``):
+    ``module:attribute.path`` items, comma separated (empty: none).
 
     Raises:
         ValueError: an item without ``:``, naming the variable and the item.
@@ -144,7 +155,7 @@ def extra_timed(value: str) -> tuple[tuple[str, str], ...]:
         module, colon, path = item.partition(":")
         if not (colon and module and path):
             raise ValueError(
-                f"KV_CANARY_HOST_TIMERS_EXTRA item {item!r} is invalid; allowed: "
+                f"{variable} item {item!r} is invalid; allowed: "
                 "module:attribute.path (e.g. sglang.srt.kv_canary.runner.request_rows:_pack)"
             )
         items.append((module, path))
@@ -152,6 +163,68 @@ def extra_timed(value: str) -> tuple[tuple[str, str], ...]:
 
 
 _EXTRA = extra_timed(os.environ.get("KV_CANARY_HOST_TIMERS_EXTRA", ""))
+_PROFILED = extra_timed(os.environ.get("KV_CANARY_HOST_PROFILE", ""),
+                        variable="KV_CANARY_HOST_PROFILE")
+_PROFILE_SKIP = _non_negative(os.environ.get("KV_CANARY_HOST_PROFILE_SKIP", "200"),
+                              variable="KV_CANARY_HOST_PROFILE_SKIP",
+                              meaning="calls of the first profiled function before profiling")
+_PROFILE_CALLS = _non_negative(os.environ.get("KV_CANARY_HOST_PROFILE_CALLS", "200"),
+                               variable="KV_CANARY_HOST_PROFILE_CALLS",
+                               meaning="calls of the first profiled function profiled")
+_PROFILE_ROWS = 30
+
+
+class _CallProfile:
+    """One ``cProfile.Profile`` enabled inside the profiled functions' calls (outermost only),
+    from the first name's ``skip``-th call for ``calls`` calls; then one log report."""
+
+    def __init__(self, *, names: tuple[str, ...], skip: int, calls: int) -> None:
+        self._names = names
+        self._skip = skip
+        self._calls = calls
+        self._seen = 0  # calls of the first name
+        self._depth = 0
+        self._done = False
+        self._profile = cProfile.Profile()
+
+    def wrap(self, name: str, function):
+        first = name == self._names[0]
+
+        @functools.wraps(function)
+        def profiled(*args, **kwargs):
+            if self._done:
+                return function(*args, **kwargs)
+            if first:
+                self._seen += 1
+            active = self._seen > self._skip
+            if active and self._depth == 0:
+                self._profile.enable()
+            self._depth += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if active and self._depth == 0:
+                    self._profile.disable()
+                    if first and self._seen >= self._skip + self._calls:
+                        self._report()
+
+        return profiled
+
+    def _report(self) -> None:
+        self._done = True
+        stats = pstats.Stats(self._profile)
+        calls = self._calls or 1
+        rows = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)
+        parts = [
+            f"{pstats.func_std_string(function)} {own / calls * 1e6:.1f}us "
+            f"{cumulative / calls * 1e6:.1f}us x{count / calls:.2f}"
+            for function, (_, count, own, cumulative, _) in rows[:_PROFILE_ROWS]
+        ]
+        logging.getLogger("kv_canary_host_timers").warning(
+            f"KV canary host profile over {self._calls} calls of {', '.join(self._names)}: "
+            + "; ".join(parts)
+        )
 
 _totals: dict[str, list[float]] = {}
 
@@ -201,17 +274,31 @@ def _time_garbage_collection(phase: str, info: dict) -> None:
     entry[1] += 1
 
 
+def _resolve(module_name: str, path: str):
+    """(holder, attribute) of ``module:path``, or None where the installed code lacks it."""
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # a module this SGLang does not have
+        return None
+    owner, _, attribute = path.rpartition(".")
+    holder = getattr(module, owner, None) if owner else module
+    if holder is None or not hasattr(holder, attribute):  # another version
+        return None
+    return holder, attribute
+
+
 def _install() -> None:
+    if _PROFILED:
+        profile = _CallProfile(names=tuple(path for _, path in _PROFILED), skip=_PROFILE_SKIP,
+                               calls=_PROFILE_CALLS)
+        for module_name, path in _PROFILED:
+            found = _resolve(module_name, path)
+            if found is not None:
+                setattr(found[0], found[1], profile.wrap(path, getattr(*found)))
     for module_name, path in _EXTRA + TIMED:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception:  # a module this SGLang does not have: leave it untimed
-            continue
-        owner, _, attribute = path.rpartition(".")
-        holder = getattr(module, owner, None) if owner else module
-        if holder is None or not hasattr(holder, attribute):  # another version: leave it out
-            continue
-        setattr(holder, attribute, _wrap(path, getattr(holder, attribute)))
+        found = _resolve(module_name, path)
+        if found is not None:  # what the installed code lacks is left untimed
+            setattr(found[0], found[1], _wrap(path, getattr(*found)))
 
 
 if _EVERY > 0:

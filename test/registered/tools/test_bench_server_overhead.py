@@ -207,6 +207,43 @@ def test_the_timing_sitecustomize_leaves_out_what_the_installed_code_lacks(
     assert "Runner.gone" not in timers._totals and "Missing.f" not in timers._totals
 
 
+def test_the_call_profile_reports_once_what_ran_inside_the_profiled_calls(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")
+    spec = importlib.util.spec_from_file_location(
+        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
+    timers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timers)
+
+    def kv_canary_inner_work() -> None:
+        time.sleep(0.0002)
+
+    def kv_canary_outside_work() -> None:
+        time.sleep(0.0002)
+
+    profile = timers._CallProfile(names=("outer", "inner"), skip=2, calls=3)
+    inner = profile.wrap("inner", kv_canary_inner_work)
+    outer = profile.wrap("outer", lambda: (inner(), inner()))
+    with caplog.at_level("WARNING"):
+        for _ in range(4):
+            outer()
+            kv_canary_outside_work()  # never inside a profiled call
+        assert not caplog.records  # two skipped, two of the three profiled so far
+        for _ in range(3):
+            outer()
+    (line,) = [record.getMessage() for record in caplog.records]  # one report, then none
+    assert line.startswith("KV canary host profile over 3 calls of outer, inner: ")
+    rows = {row.split(" ")[0].split("(")[-1].rstrip(")"): row for row in line.split(": ", 1)[1]
+            .split("; ")}
+    assert "kv_canary_inner_work" in rows and "kv_canary_outside_work" not in rows
+    assert rows["kv_canary_inner_work"].endswith("x2.00")  # twice per outer call
+    assert float(rows["kv_canary_inner_work"].split(" ")[2].rstrip("us")) >= 400
+    with pytest.raises(ValueError, match="KV_CANARY_HOST_PROFILE item 'x' is invalid"):
+        timers.extra_timed("x", variable="KV_CANARY_HOST_PROFILE")
+
+
 # ----------------------------------------------------------------------------- configurations
 
 def test_configs_differ_only_in_what_they_name() -> None:
