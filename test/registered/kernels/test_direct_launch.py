@@ -20,6 +20,7 @@ from sglang.jit_kernel.kv_canary import direct_launch
 from sglang.jit_kernel.kv_canary.direct_launch import (
     DirectLauncher,
     _int_type,
+    cdiv,
     direct_launches_supported,
 )
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
@@ -73,6 +74,12 @@ def test_trailing_parameters_go_by_name() -> None:
         launcher._with_named(args, {"SCALE": 2, "SIZE": 128})
     with pytest.raises(TypeError, match=r"missing \['offset'\]"):
         launcher._with_named(args[:4], {"SCALE": 2, "BLOCK": 128})
+
+
+def test_grid_sizes_divide_as_triton_does() -> None:
+    for numerator in (0, 1, 2, 127, 128, 129, 8192, 2**40 + 3):
+        for denominator in (1, 2, 64, 128, 2048):
+            assert cdiv(numerator, denominator) == triton.cdiv(numerator, denominator)
 
 
 def test_scalar_type_classes_follow_tritons_rule() -> None:

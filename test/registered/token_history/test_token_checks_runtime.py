@@ -46,6 +46,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
+from sglang.jit_kernel.kv_canary.hashing import chain_after_scalar
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 from sglang.srt.kv_canary.hook_targets import select_hook_specs
 from sglang.srt.kv_canary.hooks.forward_batch import after_init_new
@@ -57,7 +58,7 @@ from sglang.srt.kv_canary.runner.batch_inputs import (
     batch_inputs_of,
 )
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner, attach_canary_runner
-from sglang.srt.kv_canary.runner.request_rows import RowUpdates
+from sglang.srt.kv_canary.runner.request_rows import UNKNOWN_OWNER_CHAIN, RowUpdates
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels
 from sglang.srt.kv_canary.runner.memory_budget import (
     UPLOAD_STAGING_WORDS,
@@ -170,30 +171,34 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
                                  monkeypatch=monkeypatch)
     inputs = batch_inputs_of(extend)
     history = inputs.row_updates.token_history
-    # Both rows have new owners: before the forward the device only forgets the rows' previous
-    # owners (known length 0); their tokens are deferred until the model is enqueued.
+    # Both rows have new owners. a's forward writes its whole history (no cached prefix): its
+    # tokens are read once, before the forward (the expectations' prompt tokens come from that
+    # array), and go with this upload, whole, with its owner chain (the anchor): no deferral.
+    # b has a cached prefix: before the forward the device only forgets the row's previous
+    # owner (known length 0, chain unknown); its tokens are read after the model's enqueue.
     assert history.req_pool_indices.tolist() == [1, 2]
-    assert history.req_all_ids_lens.tolist() == [0, 0]
-    assert history.req_all_ids_flat.tolist() == []
+    assert history.req_all_ids_lens.tolist() == [3, 0]
+    assert history.req_all_ids_flat.tolist() == [5, 6, 7]
+    assert inputs.row_updates.owners.rows.tolist() == [1, 2]
+    assert inputs.row_updates.owners.values.tolist() == [chain_after_scalar(tokens=[]),
+                                                         UNKNOWN_OWNER_CHAIN]
     for public, section in ((extend.req_all_ids_flat, history.req_all_ids_flat),
                             (extend.req_all_ids_lens, history.req_all_ids_lens)):
         # the public views: the same words of the host upload buffer as the sections
         assert public.data_ptr() == section.data_ptr() and torch.equal(public, section)
-    assert [d.row for d in inputs.row_updates.deferred] == [1, 2]
-    # a's forward writes its whole history: read once, before the forward (the expectations'
-    # prompt tokens come from it); b's cached prefix keeps its read after the model's enqueue
-    assert [None if d.history is None else d.history.tolist()
-            for d in inputs.row_updates.deferred] == [[5, 6, 7], None]
+    assert [d.row for d in inputs.row_updates.deferred] == [2]
+    assert [(row, tokens.tolist()) for row, tokens in inputs.row_updates.read_whole] == [
+        (1, [5, 6, 7])]
     # the write-input assert's expectations: a's prompt tokens at positions 0-2, b's at 1, and
     # at b's generated position 2 the oracle's token (its input was b's first output)
     tokens, positions = inputs.extend_expectations.tolist()
     assert positions == [0, 1, 2, 1, 2]
     assert tokens == [5, 6, 7, 9, _oracle_token(reqs[1], 2)]
     deferred = runner.request_rows.prepare_deferred(inputs.row_updates.deferred)
-    assert deferred.token_history.req_all_ids_lens.tolist() == [3, 3]
-    assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7, 8, 9, 10]
-    assert deferred.admissions.rows.tolist() == [1, 2]
-    assert deferred.admissions.prefix_lens.tolist() == [0, 1]
+    assert deferred.token_history.req_all_ids_lens.tolist() == [3]
+    assert deferred.token_history.req_all_ids_flat.tolist() == [8, 9, 10]
+    assert deferred.admissions.rows.tolist() == [2]
+    assert deferred.admissions.prefix_lens.tolist() == [1]
 
     # what the uploads before the forward and after the model's enqueue do
     runner.request_rows.commit(inputs.row_updates)
@@ -276,8 +281,10 @@ def test_hook_registry_applies_the_hook_to_the_real_classmethod() -> None:
 
 
 def test_run_forward_refreshes_the_history_before_the_forward() -> None:
-    """A continuing row's tokens are on the device before the model forward; a new owner's
-    (deferred admission) after the model is enqueued, before the post launch."""
+    """A continuing row's tokens are on the device before the model forward, and so are a fresh
+    prompt's that the forward writes whole (read for the write-input expectations anyway: no
+    deferral); a new owner whose forward writes only a chunk (deferred admission) gets them
+    after the model is enqueued, before the post launch."""
     server, runner = token_check_server(token_config())
     history = runner.token_history
     seen = []
@@ -299,11 +306,14 @@ def test_run_forward_refreshes_the_history_before_the_forward() -> None:
     runner._kernels = dataclasses.replace(runner._kernels, post_forward=recording_post_forward)
     first = _request(server, "a", _prompt(1, 5))
     server.extend([(first, 5)])
-    assert seen[-1][first.req_pool_idx] == 0  # a new owner: not yet when the model ran
-    assert post_saw[-1][first.req_pool_idx] == 5  # but before the post launch
+    assert seen[-1][first.req_pool_idx] == 5  # written whole: with this forward's upload
     server.decode([first])
     assert seen[-1][first.req_pool_idx] == 6  # the first output token, sampled at prefill
     assert history.tokens[first.req_pool_idx, :7].tolist() == first.tokens[:6] + [0]
+    chunked = _request(server, "b", _prompt(40, 8))
+    server.extend([(chunked, 3)])
+    assert seen[-1][chunked.req_pool_idx] == 0  # a new owner written in part: not yet
+    assert post_saw[-1][chunked.req_pool_idx] == 8  # but before the post launch
 
 
 def _recording(kernels: CanaryKernels, views: list) -> CanaryKernels:

@@ -178,10 +178,11 @@ def test_deferred_admissions_reset_the_row_first_and_send_its_tokens_later(
 
 
 def test_a_fresh_admission_written_whole_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``read_uncached``: a deferred row that this forward writes whole (no cached prefix) is
-    read at ``prepare`` (the write-input expectations take its prompt tokens from that array)
-    and not again by ``prepare_deferred``; a row with a cached prefix, or whose forward writes
-    only a chunk, is still read after the model is enqueued. The uploads are the same."""
+    """``read_uncached``: a new owner that this forward writes whole (no cached prefix) is read
+    at ``prepare`` (the write-input expectations take its prompt tokens from ``read_whole``) and
+    is not deferred: its history and owner chain (the anchor) go with the forward's upload,
+    exactly what a forward that defers nothing sends for it. A row with a cached prefix, or whose
+    forward writes only a chunk, is still read after the model is enqueued."""
     from sglang.srt.kv_canary.runner import request_rows
 
     reads: list[int] = []
@@ -193,24 +194,50 @@ def test_a_fresh_admission_written_whole_is_read_once(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(request_rows, "_history_array", counting_read)
 
-    def admit(read_uncached: bool) -> tuple[RowUpdates, RowUpdates]:
+    def admit(*, defer: bool, read_uncached: bool) -> tuple[RowUpdates, RowUpdates | None]:
         fresh, cached, chunk = (_req("fresh", [1, 2, 3], [], row=1), _req("cached", [4, 5], [], row=2),
                                 _req("chunk", [6, 7, 8, 9], [], row=3))
         rows = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False)
         early = rows.prepare(reqs=[fresh, cached, chunk], prefix_lens=[0, 1, 0],
-                             seq_lens=[3, 2, 2], defer_new_owners=True,
+                             seq_lens=[3, 2, 2], defer_new_owners=defer,
                              read_uncached=read_uncached)
-        return early, rows.prepare_deferred(early.deferred)
+        return early, rows.prepare_deferred(early.deferred) if early.deferred else None
 
-    early, late = admit(read_uncached=True)
-    assert [None if d.history is None else d.history.tolist() for d in early.deferred] == [
-        [1, 2, 3], None, None]
+    early, late = admit(defer=True, read_uncached=True)
+    assert [d.row for d in early.deferred] == [2, 3]
+    assert [(row, tokens.tolist()) for row, tokens in early.read_whole] == [(1, [1, 2, 3])]
     assert reads == [3, 2, 4]  # fresh at prepare; cached and chunk after the model is enqueued
+    assert early.token_history.req_all_ids_lens.tolist() == [3, 0, 0]
+    assert early.token_history.req_all_ids_flat.tolist() == [1, 2, 3]
+    assert early.owners.rows.tolist() == [1, 2, 3]
+    assert early.owners.values.tolist() == [chain_after_scalar(tokens=[]), 0, 0]
+    assert early.commit_rows == (1,)
+    assert late.token_history.req_all_ids_flat.tolist() == [4, 5, 6, 7, 8, 9]
+    assert late.admissions.rows.tolist() == [2, 3]
+    # the fresh row's words are those of a forward that defers nothing
+    nothing_deferred, _ = admit(defer=False, read_uncached=False)
+    assert nothing_deferred.token_history.req_all_ids_flat.tolist()[:3] == [1, 2, 3]
+    assert nothing_deferred.owners.values.tolist()[0] == early.owners.values.tolist()[0]
     reads.clear()
-    plain_early, plain_late = admit(read_uncached=False)
-    assert reads == [3, 2, 4] and all(d.history is None for d in plain_early.deferred)
-    assert torch.equal(early.packed, plain_early.packed)
-    assert torch.equal(late.packed, plain_late.packed)
+    plain_early, plain_late = admit(defer=True, read_uncached=False)
+    assert reads == [3, 2, 4] and plain_early.read_whole == ()
+    assert [d.row for d in plain_early.deferred] == [1, 2, 3]  # all read after the enqueue
+    assert plain_late.token_history.req_all_ids_flat.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_without_a_token_history_no_fresh_row_is_deferred() -> None:
+    """Owner chains only: a new owner without a cached prefix has nothing to read (its chain is
+    the anchor), so it is never deferred, whatever it writes; one with a cached prefix is."""
+    fresh, chunk, cached = (_req("fresh", [1, 2, 3], [], row=1), _req("chunk", [6, 7, 8, 9], [], row=3),
+                            _req("cached", [4, 5], [], row=2))
+    rows = RequestRows(num_rows=6, token_history=False, owner_chains=True, pin_memory=False)
+    early = rows.prepare(reqs=[fresh, chunk, cached], prefix_lens=[0, 0, 1], seq_lens=[3, 2, 2],
+                         defer_new_owners=True)
+    assert [d.row for d in early.deferred] == [2]
+    assert early.owners.rows.tolist() == [1, 3, 2]
+    anchor = chain_after_scalar(tokens=[])
+    assert early.owners.values.tolist() == [anchor, anchor, 0]
+    assert early.read_whole == ()
 
 
 def test_an_eagle_draft_row_holds_the_request_s_tokens_from_index_1() -> None:

@@ -1043,11 +1043,7 @@ class CanaryRunner:
         ``row_updates`` already read come from that array) and sent with one non-blocking copy.
         The assert compares prompt tokens with these, so it needs no token history on the device
         (a deferred admission's history arrives after the pre launch)."""
-        early = {
-            admission.row: admission.history
-            for admission in (row_updates.deferred if row_updates is not None else ())
-            if admission.history is not None
-        }
+        early = dict(row_updates.read_whole) if row_updates is not None else {}
         pin = self._device.type == "cuda"
         host = extend_expectations_on_host(
             reqs=reqs,

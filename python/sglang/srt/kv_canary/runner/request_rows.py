@@ -26,9 +26,14 @@ then reads the request's tokens while the device runs the model forward (the run
 after enqueuing the model, before the post launch): the whole history, and the owner chain of
 the prefix, which the admission launch (:mod:`sglang.jit_kernel.kv_canary.admission_owner`)
 checks exactly as the pre launch would have (same violation row) before the post launch runs.
-A row this forward writes whole (no cached prefix) is the exception when the caller reads its
-prompt anyway (the write-input assert's expectations, ``prepare(read_uncached=True)``): its
-history is read once, at ``prepare``, and that array serves both.
+A row with no cached prefix needs no deferral when there is nothing to read after the model is
+enqueued: its owner chain is the anchor (the chain of no tokens), and its history is either not
+kept (owner chains only) or read before the forward anyway, because this forward writes it whole
+and the caller reads its prompt (the write-input assert's expectations,
+``prepare(read_uncached=True)``). Such a row goes into the forward's own upload, whole, as in a
+forward that defers nothing, and its history array is handed to the caller
+(``RowUpdates.read_whole``), so the tokens are read once and the forward needs no second upload
+and no admission launch (a fresh prompt's prefill, the path to its first token).
 
 An owner is the request object (held by weak reference and compared by identity: a new object
 at a recycled address, or one equal by value, is a new owner) plus its retraction count and the
@@ -133,16 +138,13 @@ class AdmissionSection:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeferredAdmission:
     """A row whose new owner's history and owner chain are sent after the model is enqueued
-    (``prefix_len``: tokens cached before this forward; ``writes``: whether it writes any;
-    ``history``: the whole history, when :meth:`RequestRows.prepare` already read it)."""
+    (``prefix_len``: tokens cached before this forward; ``writes``: whether it writes any)."""
 
     row: int
     request: RequestHistory
     owner: _OwnerKey
     prefix_len: int
     writes: bool
-    # (an array: not compared, so admissions and their updates stay comparable with ==)
-    history: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -179,6 +181,9 @@ class RowUpdates:
     commit_history_lens: tuple[int, ...]
     unknown_owner_rows: int  # rows whose owner chain the host could not compute
     deferred: tuple[DeferredAdmission, ...] = ()
+    # (row, whole history) of each new owner this forward writes whole, read at prepare because
+    # the caller reads its prompt anyway (``prepare(read_uncached=True)``); not compared
+    read_whole: tuple[tuple[int, np.ndarray], ...] = field(default=(), compare=False, repr=False)
     # the batch as the device knows it once these updates are committed (None: not steady)
     steady_after: _SteadyBatch | None = None
     upload_buffer: UploadBuffer | None = None  # where ``packed`` lives (a ring's slice)
@@ -410,12 +415,14 @@ class RequestRows:
             seq_lens: the scheduler's host ``seq_lens`` of each row (``seq_lens_cpu``).
             defer_new_owners: leave the tokens and chains of rows with a new owner to
                 :meth:`prepare_deferred` (see the module docstring; incremental mode only, and
-                only for a forward whose post launch runs eagerly after the caller can send them).
-            read_uncached: with ``defer_new_owners`` and the token history on, read now the whole
-                history of a deferred row that this forward writes whole (no cached prefix,
-                ``seq_len`` covering its history: the caller reads those tokens before the
-                forward anyway) into its :class:`DeferredAdmission`, so that
-                :meth:`prepare_deferred` does not read it again.
+                only for a forward whose post launch runs eagerly after the caller can send them),
+                except a row without a cached prefix that has nothing left to read (no token
+                history, or ``read_uncached``).
+            read_uncached: with ``defer_new_owners`` and the token history on, the caller reads
+                the prompt of every row this forward writes whole (no cached prefix, ``seq_len``
+                covering its history) before the forward anyway: such a row with a new owner is
+                not deferred; its history is read now, sent with this forward's upload and
+                handed over in ``RowUpdates.read_whole``.
         Raises:
             ValueError: a request has no ``req_pool_idx``, or the lengths differ.
         """
@@ -440,9 +447,11 @@ class RequestRows:
         owner_rows: list[int] = []
         owner_values: list[int] = []
         deferred: list[DeferredAdmission] = []
+        read_whole: list[tuple[int, np.ndarray]] = []
         unknown = 0
         defer = defer_new_owners and self._incremental
-        read_early = defer and read_uncached and self.keeps_token_history
+        # a row with no cached prefix is not deferred when nothing would be read later
+        undefer_fresh = defer and (read_uncached or not self.keeps_token_history)
         incremental = self._incremental
         skip = self.history_offset
         keeps_history = self.keeps_token_history
@@ -467,17 +476,17 @@ class RequestRows:
             if new_owner:
                 owner = (weakref.ref(req), req.retraction_count, id(origin), id(output))
             rows.append(row)
-            if defer and new_owner:
+            num_origin = len(origin)
+            # the row's history is the request's tokens from index `skip` on
+            history_len = max(num_origin + len(output) - skip, 0)
+            if defer and new_owner and not (
+                undefer_fresh and prefix_len == 0
+                and (not keeps_history or seq_len >= history_len)
+            ):
                 # the device forgets the row's previous owner now; its own tokens come later
-                # (read now only when this forward writes them all: see read_uncached)
-                whole = max(len(origin) + len(output) - skip, 0)
-                early_history = (
-                    _history_array(origin, output, whole, skip=skip)
-                    if read_early and prefix_len == 0 and seq_len >= whole else None
-                )
                 deferred.append(DeferredAdmission(
                     row=row, request=req, owner=owner, prefix_len=int(prefix_len),
-                    writes=seq_len > prefix_len, history=early_history,
+                    writes=seq_len > prefix_len,
                 ))
                 history_lens.append(0)
                 segment_lens.append(0)
@@ -485,9 +494,6 @@ class RequestRows:
                     owner_rows.append(row)
                     owner_values.append(UNKNOWN_OWNER_CHAIN)
                 continue
-            num_origin = len(origin)
-            # the row's history is the request's tokens from index `skip` on
-            history_len = max(num_origin + len(output) - skip, 0)
             owners.append(owner)
             history_lens.append(history_len)
             whole_history: np.ndarray | None = None
@@ -502,6 +508,8 @@ class RequestRows:
                         history_chunks.append(tails)
                         tails = []
                     history_chunks.append(whole_history)
+                    if defer and new_owner:  # a fresh row kept out of the deferral
+                        read_whole.append((row, whole_history))
                 elif first >= num_origin:
                     tails += output[first - num_origin :]
                 else:
@@ -538,6 +546,7 @@ class RequestRows:
             commit_history_lens=tuple(history_lens[index] for index in committed),
             unknown_owner_rows=unknown,
             deferred=tuple(deferred),
+            read_whole=tuple(read_whole),
             steady_after=_SteadyBatch.of(reqs, skip=skip)
             if self._steady_batches and not deferred and reqs
             else None,
@@ -649,9 +658,8 @@ class RequestRows:
         """Pack what the admissions :meth:`prepare` deferred need: each row's whole history
         (token history on) and the owner chain of its prefix (owner chains on, for a row that
         writes this forward; none when the request has fewer tokens than its prefix, which the
-        device then keeps as adopted). Reads each request's token lists once, or not at all
-        where :meth:`prepare` already did (``DeferredAdmission.history``); host only. Commit it
-        once uploaded."""
+        device then keeps as adopted). Reads each request's token lists once; host only. Commit
+        it once uploaded."""
         rows: list[int] = []
         history_lens: list[int] = []
         chunks: list[list[int] | np.ndarray] = []
@@ -664,9 +672,7 @@ class RequestRows:
             read = history_len if self.keeps_token_history else min(
                 admission.prefix_len, history_len
             )
-            tokens = admission.history
-            if tokens is None or len(tokens) != read:
-                tokens = _history_array(origin, output, read, skip=self.history_offset)
+            tokens = _history_array(origin, output, read, skip=self.history_offset)
             rows.append(admission.row)
             history_lens.append(history_len)
             chunks.append(tokens)
@@ -740,6 +746,7 @@ def _pack(
     commit_history_lens: tuple[int, ...],
     unknown_owner_rows: int,
     deferred: tuple[DeferredAdmission, ...] = (),
+    read_whole: tuple[tuple[int, np.ndarray], ...] = (),
     steady_after: _SteadyBatch | None = None,
     unit_segments: bool = False,
 ) -> RowUpdates:
@@ -799,6 +806,7 @@ def _pack(
         commit_history_lens=commit_history_lens,
         unknown_owner_rows=unknown_owner_rows,
         deferred=deferred,
+        read_whole=read_whole,
         steady_after=steady_after,
         upload_buffer=buffer,
         unit_append=unit_append,
