@@ -20,7 +20,7 @@ from sglang.jit_kernel.kv_canary import direct_launch
 from sglang.jit_kernel.kv_canary.direct_launch import (
     DirectLauncher,
     _int_type,
-    cdiv,
+    ceil_div,
     direct_launches_supported,
 )
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
@@ -79,7 +79,7 @@ def test_trailing_parameters_go_by_name() -> None:
 def test_grid_sizes_divide_as_triton_does() -> None:
     for numerator in (0, 1, 2, 127, 128, 129, 8192, 2**40 + 3):
         for denominator in (1, 2, 64, 128, 2048):
-            assert cdiv(numerator, denominator) == triton.cdiv(numerator, denominator)
+            assert ceil_div(numerator, denominator) == triton.cdiv(numerator, denominator)
 
 
 def test_scalar_type_classes_follow_tritons_rule() -> None:

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, cdiv
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     CanaryDeviceState,
     check_accepted_owner_inputs,
@@ -91,7 +91,7 @@ def launch_accepted_owner_resync(
     if n == 0:
         return
     _LAUNCH(
-        (cdiv(n, BLOCK),),
+        (ceil_div(n, BLOCK),),
         req_pool_indices, out_cache_loc, accept_lens, n, block,
         state.records, state.num_slots,
         state.owner_chains, state.owner_chains.shape[0],

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_STEP, CheckKind, Reason
-from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, cdiv
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState, check_admission_inputs
 from sglang.jit_kernel.kv_canary.triton_helpers import (
     CHAIN_ANCHOR_C,
@@ -114,7 +114,7 @@ def launch_admission_owner_check(
         return
     table = state.req_to_token
     _LAUNCH(
-        (cdiv(n, BLOCK),),
+        (ceil_div(n, BLOCK),),
         req_pool_indices, prefix_lens, chains, n,
         state.records, state.num_slots,
         table, table.shape[0], table.shape[1], table.stride(0),

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, cdiv
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_append_history_inputs
 from sglang.jit_kernel.kv_canary.launch_config import interpreted, require_cuda_or_interpreter
 
@@ -100,7 +100,7 @@ def launch_append_history_tokens(
     if max_rows == 0:
         return
     _LAUNCH(
-        (cdiv(max_rows, BLOCK),),
+        (ceil_div(max_rows, BLOCK),),
         upload,
         pool_out,
         history_lens_out,

@@ -78,7 +78,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
-from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, cdiv
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     BatchLayout,
     CanaryBatchView,
@@ -792,11 +792,11 @@ def _num_programs(
     """Grid size from host-known sizes: enough programs for the largest possible number of
     items, capped at what the device runs at once."""
     bs = batch.batch_size
-    verify_items = bs * cdiv(state.req_to_token.shape[1], verify_tile)
+    verify_items = bs * ceil_div(state.req_to_token.shape[1], verify_tile)
     if batch.layout is BatchLayout.DECODE:
-        write_items = cdiv(bs, tiles.decode_write_rows) + cdiv(bs, tiles.row_block)
+        write_items = ceil_div(bs, tiles.decode_write_rows) + ceil_div(bs, tiles.row_block)
     else:
-        write_items = cdiv(batch.num_tokens, tiles.write_tile) + bs
+        write_items = ceil_div(batch.num_tokens, tiles.write_tile) + bs
     return max(1, min(max_programs(state.device), verify_items + write_items))
 
 

@@ -53,7 +53,7 @@ SUPPORTED_TRITON = ("3.6.",)  # versions whose CompiledKernel.run convention is 
 MAX_VARIANTS = 64  # launch keys kept per kernel
 
 
-def cdiv(numerator: int, denominator: int) -> int:
+def ceil_div(numerator: int, denominator: int) -> int:
     """``ceil(numerator / denominator)`` for grid sizes on the host: plain integer arithmetic
     (Triton 3.6's ``triton.cdiv`` is a constexpr function, about 2 µs per host call)."""
     return -(-numerator // denominator)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, cdiv
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_hash_oracle_inputs
 from sglang.jit_kernel.kv_canary.triton_helpers import mix64_u64
 
@@ -103,7 +103,7 @@ def launch_hash_oracle_tokens(
     rooms = req_ids if bootstrap_room_ids is None else bootstrap_room_ids
     positions_target = tokens_out if positions_out is None else positions_out
     _LAUNCH(
-        (cdiv(n, BLOCK),),
+        (ceil_div(n, BLOCK),),
         req_ids, req_ids.stride(0),
         rooms, rooms.stride(0),
         positions, positions.stride(0),

@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, cdiv
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import check_scatter_inputs
 from sglang.jit_kernel.kv_canary.launch_config import interpreted, require_cuda_or_interpreter
 from sglang.jit_kernel.kv_canary.triton_helpers import sum_1d
@@ -203,7 +203,7 @@ def launch_scatter_req_token_ids_kernel(
     if work_items == 0:
         return
     _LAUNCH(
-        (cdiv(work_items, BLOCK),),
+        (ceil_div(work_items, BLOCK),),
         flat_in,
         offsets,
         req_pool_indices,

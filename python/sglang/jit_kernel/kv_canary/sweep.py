@@ -22,7 +22,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
-from sglang.jit_kernel.kv_canary.direct_launch import cdiv
+from sglang.jit_kernel.kv_canary.direct_launch import ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     CanaryDeviceState,
     SweepEntries,
@@ -147,7 +147,7 @@ def launch_sweep(*, state: CanaryDeviceState, entries: SweepEntries) -> None:
     tile = TILE
     if real["NUM_SOURCES"] and not real["PARTIAL"]:
         tile = max(64, min(tile, TILE_ELEMENTS // real["WORD_CHUNK"]))
-    _sweep_kernel[(max(1, cdiv(entries.count, tile)),)](
+    _sweep_kernel[(max(1, ceil_div(entries.count, tile)),)](
         entries.slots,
         entries.prev_slots,
         entries.positions,
