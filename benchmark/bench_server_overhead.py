@@ -72,6 +72,11 @@ far (at first the last server's, or the estimate) fits. What does not fit is lab
 ``skipped: time budget`` and the run goes on; whatever was measured is printed and written to
 ``--out`` after every server. A configuration that fails to start is ``refused: <reason>``.
 
+On a fresh machine the first server compiles Triton kernels during its first requests, some of
+them after its warm-up rounds (an 8b ``off`` server's TTFT read 40.6 ±24 % ms where the later
+ones read 25 ms): ``--warm-start`` first runs every workload's warm-up round on a throwaway
+server of the first configuration (printed, not reported).
+
 On one H200 an 8b server with every workload takes about 3.5 minutes (a tiny one about 1), so
 the default budget measures ``off`` and ``all-checks`` of the 8b model, and every tiny
 server. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
@@ -79,7 +84,7 @@ server. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary insta
     python benchmark/bench_server_overhead.py [--models 8b,tiny] [--configs off,all-checks,...]
         [--workloads decode64,prefill64x512,...] [--repeats 3] [--out FILE.json]
         [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first] [--cycles N]
-        [--pin-scheduler] [--host-timers N] [--eagle-steps N]
+        [--pin-scheduler] [--host-timers N] [--eagle-steps N] [--warm-start]
 
     # the whole 8b table, nine servers (about 35 minutes)
     python benchmark/bench_server_overhead.py --models 8b --time-budget-s 2400 \
@@ -654,6 +659,25 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
         yield result
 
 
+def warm_start(*, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig,
+               workloads: Sequence[Workload], deadline: Deadline, log_dir: pathlib.Path,
+               measure: MeasureConfig = measure_config) -> str:
+    """Start a throwaway server of ``config`` (run 0) and run each workload's warm-up round on
+    it, no measured round, if the model's estimate of that is left in the budget; the line to
+    print. The servers measured after it find this machine's Triton and SGLang kernel caches
+    filled (a fresh machine's first server otherwise compiles during its measured rounds)."""
+    estimate_s = model.first_config_estimate_s(workloads=workloads, repeats=0)
+    if not deadline.allows(estimate_s):
+        return (f"[{model.name}] warm start skipped: time budget ({estimate_s:.0f} s needed, "
+                f"{max(deadline.remaining_s(), 0.0):.0f} s left)")
+    result = measure(model=model, model_dir=model_dir, config=config, run=0,
+                     workloads=workloads, repeats=0, deadline=deadline, log_dir=log_dir,
+                     estimates={})
+    return (f"[{model.name}] warm start on a throwaway {config.name} server (not reported): "
+            f"{result.status}; ready in {result.startup_s:.0f} s, done in "
+            f"{result.duration_s:.0f} s; log {result.log_path}")
+
+
 # ----------------------------------------------------------------------------- the report
 
 def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
@@ -745,6 +769,7 @@ class BenchOptions:
     eagle_steps: int = 0
     cycles: int = 1
     pin_scheduler: bool = False
+    warm_start: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {**{key: value for key, value in dataclasses.asdict(self).items()
@@ -805,6 +830,11 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                         help="once a server is ready, pin its scheduler process to the last "
                              "physical core and the rest of the server and this script to the "
                              "other CPUs (benchmark/cpu_pinning.py; default: off)")
+    parser.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=False,
+                        help="before the measured servers of each model, start a throwaway "
+                             "server of the first configuration and run each workload's warm-up "
+                             "round on it, so that a fresh machine's first measured server does "
+                             "not compile kernels during its rounds; not reported (default: off)")
     namespace = parser.parse_args(argv)
     if namespace.cycles < 1:
         parser.error(f"--cycles={namespace.cycles} is invalid; allowed: an integer >= 1")
@@ -828,6 +858,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
         time_budget_s=namespace.time_budget_s, repeat_first=namespace.repeat_first,
         host_timers=namespace.host_timers, eagle_steps=namespace.eagle_steps,
         cycles=namespace.cycles, pin_scheduler=namespace.pin_scheduler,
+        warm_start=namespace.warm_start,
     )
 
 
@@ -965,6 +996,10 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
                 )
                 model = with_eagle(model, draft_dir=draft_dir, steps=options.eagle_steps)
             results[name] = []
+            if options.warm_start:
+                print(warm_start(model=model, model_dir=model_dir, config=configs[0],
+                                 workloads=workloads, deadline=deadline, log_dir=log_dir,
+                                 measure=measure), flush=True)
             for result in iter_model_results(
                 model=model, model_dir=model_dir, configs=configs, workloads=workloads,
                 repeats=options.repeats, deadline=deadline, log_dir=log_dir,

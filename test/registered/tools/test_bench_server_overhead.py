@@ -596,6 +596,13 @@ def test_measure_workload_warms_up_then_measures_what_fits() -> None:
     assert [timing.wall_s for timing in result.rounds] == [10.0, 10.0]
     assert result.warm_up.wall_s == 10.0
     assert (result.warm_up_s, result.longest_round_s) == (10.0, 10.0)
+    # no measured round (a warm start's throwaway server): the warm-up only, measured
+    calls.clear()
+    warm_only = bench.measure_workload(
+        None, workload=bs1, vocab_size=4096, repeats=0, timeout_s=1.0,
+        deadline=bench.Deadline.after(35.0, clock=clock), estimate=_estimate(5.0, 10.0),
+        round_runner=_runner(clock, [10.0], calls))
+    assert calls == [0] and warm_only.status == bench.MEASURED and warm_only.rounds == ()
 
 
 def test_measured_rounds_are_budgeted_by_rounds_not_by_the_warm_up() -> None:
@@ -1022,6 +1029,34 @@ def test_main_writes_json_and_keeps_logs(tmp_path: pathlib.Path,
     again = capsys.readouterr().out
     assert again.startswith(f"# {out}\n== tiny: ")
     assert again.strip().endswith(printed.strip().split("\n\n== tiny: ", 1)[1].strip())
+
+
+def test_a_warm_start_runs_the_warm_ups_on_a_throwaway_server_first(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[tuple[str, int, int]] = []
+
+    def measure(*, config, run, repeats, **_: object) -> table.ConfigResult:
+        calls.append((config.name, run, repeats))
+        return table.ConfigResult(config=config.name, run=run, status=bench.MEASURED,
+                                  startup_s=1.0, duration_s=2.0,
+                                  log_path=f"{config.name}-{run}.log")
+
+    out = tmp_path / "bench.json"
+    assert bench.main(["--models", "tiny", "--configs", "off,all-checks", "--workloads", "bs1",
+                       "--repeats", "2", "--no-repeat-first", "--warm-start", "--out", str(out),
+                       "--log-dir", str(tmp_path / "logs")], measure=measure) == 0
+    assert calls == [("off", 0, 0), ("off", 1, 2), ("all-checks", 1, 2)]
+    printed = capsys.readouterr().out
+    assert "[tiny] warm start on a throwaway off server (not reported): measured; ready in 1 s" \
+        in printed
+    results = json.loads(out.read_text())["models"]["tiny"]["results"]
+    assert [r["label"] for r in results] == ["off", "all-checks"]
+    assert json.loads(out.read_text())["options"]["warm_start"] is True
+    deadline = bench.Deadline.after(1.0)
+    line = bench.warm_start(model=bench.MODELS["tiny"], model_dir=tmp_path,
+                            config=bench.CONFIGS["off"], workloads=[], deadline=deadline,
+                            log_dir=tmp_path, measure=measure)
+    assert line.startswith("[tiny] warm start skipped: time budget (110 s needed")
 
 
 @pytest.mark.parametrize("argv", [[], ["--help"]])
