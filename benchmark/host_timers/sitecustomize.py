@@ -44,10 +44,10 @@ from __future__ import annotations
 import cProfile
 import functools
 import gc
-import pstats
 import importlib
 import logging
 import os
+import pstats
 import time
 
 
@@ -215,7 +215,10 @@ class _CallProfile:
         self._done = True
         stats = pstats.Stats(self._profile)
         calls = self._calls or 1
-        rows = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)
+        rows = sorted(
+            (item for item in stats.stats.items() if "_lsprof.Profiler" not in item[0][2]),
+            key=lambda item: item[1][2], reverse=True,
+        )  # (the profiler's own disable call left out)
         parts = [
             f"{pstats.func_std_string(function)} {own / calls * 1e6:.1f}us "
             f"{cumulative / calls * 1e6:.1f}us x{count / calls:.2f}"
@@ -225,6 +228,7 @@ class _CallProfile:
             f"KV canary host profile over {self._calls} calls of {', '.join(self._names)}: "
             + "; ".join(parts)
         )
+
 
 _totals: dict[str, list[float]] = {}
 
