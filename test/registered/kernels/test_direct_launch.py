@@ -82,6 +82,19 @@ def test_grid_sizes_divide_as_triton_does() -> None:
             assert ceil_div(numerator, denominator) == triton.cdiv(numerator, denominator)
 
 
+@pytest.mark.parametrize("module_name", [
+    "accepted_owner", "admission_owner", "append_history", "canary_forward", "hash_oracle",
+    "scatter_req_token_ids", "sweep",
+])
+def test_every_launch_sizes_its_grid_with_the_host_helper(module_name: str) -> None:
+    """A launch module's ``ceil_div`` is the host helper, not a jitted function of the same
+    kind (Triton's interpreter calls jitted functions from the host, so only a GPU would notice)."""
+    import importlib
+
+    module = importlib.import_module(f"sglang.jit_kernel.kv_canary.{module_name}")
+    assert module.ceil_div is ceil_div
+
+
 def test_scalar_type_classes_follow_tritons_rule() -> None:
     assert [_int_type(v) for v in (0, -1, 2**31 - 1, -(2**31))] == ["i32"] * 4
     assert [_int_type(v) for v in (2**31, -(2**31) - 1, 2**63 - 1)] == ["i64"] * 3
