@@ -31,7 +31,8 @@ every call of those functions, C calls (torch's, CUDA's) included, from the
 ``KV_CANARY_HOST_PROFILE_SKIP``-th call on (default 200: after the warm-up) for
 ``KV_CANARY_HOST_PROFILE_CALLS`` calls (default 200), then logs once ``KV canary host profile
 over N calls of NAMES:`` and the 30 functions with the most own time, each as ``own_us
-cumulative_us xcalls`` per call of the first name. The profiler slows the Python it traces, so
+cumulative_us xcalls`` per call of the first name, then ``KV canary host profile by cumulative
+time over ...`` with the 30 of the most cumulative time. The profiler slows the Python it traces, so
 read its shares, not its totals; the timers give the real totals.
 
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
@@ -215,19 +216,20 @@ class _CallProfile:
         self._done = True
         stats = pstats.Stats(self._profile)
         calls = self._calls or 1
-        rows = sorted(
-            (item for item in stats.stats.items() if "_lsprof.Profiler" not in item[0][2]),
-            key=lambda item: item[1][2], reverse=True,
-        )  # (the profiler's own disable call left out)
-        parts = [
-            f"{pstats.func_std_string(function)} {own / calls * 1e6:.1f}us "
-            f"{cumulative / calls * 1e6:.1f}us x{count / calls:.2f}"
-            for function, (_, count, own, cumulative, _) in rows[:_PROFILE_ROWS]
-        ]
-        logging.getLogger("kv_canary_host_timers").warning(
-            f"KV canary host profile over {self._calls} calls of {', '.join(self._names)}: "
-            + "; ".join(parts)
-        )
+        items = [item for item in stats.stats.items() if "_lsprof.Profiler" not in item[0][2]]
+        # (the profiler's own disable call left out)
+        logger = logging.getLogger("kv_canary_host_timers")
+        for order, column in (("", 2), (" by cumulative time", 3)):
+            rows = sorted(items, key=lambda item: item[1][column], reverse=True)
+            parts = [
+                f"{pstats.func_std_string(function)} {own / calls * 1e6:.1f}us "
+                f"{cumulative / calls * 1e6:.1f}us x{count / calls:.2f}"
+                for function, (_, count, own, cumulative, _) in rows[:_PROFILE_ROWS]
+            ]
+            logger.warning(
+                f"KV canary host profile{order} over {self._calls} calls of "
+                f"{', '.join(self._names)}: " + "; ".join(parts)
+            )
 
 
 _totals: dict[str, list[float]] = {}

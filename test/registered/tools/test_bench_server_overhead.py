@@ -233,8 +233,12 @@ def test_the_call_profile_reports_once_what_ran_inside_the_profiled_calls(
         assert not caplog.records  # two skipped, two of the three profiled so far
         for _ in range(3):
             outer()
-    (line,) = [record.getMessage() for record in caplog.records]  # one report, then none
+    # one report (by own, then by cumulative time), then none
+    line, by_cumulative = [record.getMessage() for record in caplog.records]
     assert line.startswith("KV canary host profile over 3 calls of outer, inner: ")
+    assert by_cumulative.startswith(
+        "KV canary host profile by cumulative time over 3 calls of outer, inner: ")
+    assert by_cumulative.split(": ", 1)[1].split(" ")[0].endswith("(<lambda>)")  # the outer
     rows = {row.split(" ")[0].split("(")[-1].rstrip(")"): row for row in line.split(": ", 1)[1]
             .split("; ")}
     assert "kv_canary_inner_work" in rows and "kv_canary_outside_work" not in rows
