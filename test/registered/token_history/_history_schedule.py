@@ -111,8 +111,9 @@ class SyncedHistory:
     """The bookkeeping and the device history of one pool, driven as the model runner's canary
     drives them: :meth:`prepare` at ``ForwardBatch.init_new``, :meth:`upload` before the forward
     (the packed host buffer copied to the device, its history section scattered, or, for a
-    unit append, applied from the device copy by ``append``, then the bookkeeping committed).
-    ``unit_appends`` counts the uploads applied by ``append``."""
+    unit append, applied from the device copy by ``append``, or nothing where the upload changes
+    no history, then the bookkeeping committed). ``unit_appends`` counts the uploads applied by
+    ``append``, ``unchanged`` those that changed nothing."""
 
     def __init__(self, *, incremental: bool, rows: int, width: int, device: str,
                  scatter: Callable[..., None], append: Callable[..., None]) -> None:
@@ -120,6 +121,7 @@ class SyncedHistory:
         self.device = device
         self.append = append
         self.unit_appends = 0
+        self.unchanged = 0
         self.rows = RequestRows(num_rows=rows, token_history=True, owner_chains=False,
                                 pin_memory=device == "cuda", incremental=incremental)
         self.history = TokenHistory(num_rows=rows, max_context_len=width, device=device,
@@ -136,6 +138,8 @@ class SyncedHistory:
             self.unit_appends += 1
             self.append(upload=device_packed, max_rows=section.req_pool_indices.shape[0],
                         pool_out=self.history.tokens, history_lens_out=self.history.lens)
+        elif updates.history_unchanged:
+            self.unchanged += 1
         else:
             self.history.upload(section)
         self.rows.commit(updates)

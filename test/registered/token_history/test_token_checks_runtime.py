@@ -404,6 +404,26 @@ def test_decode_steps_append_one_token_per_row_and_other_forwards_scatter() -> N
     assert runner._pending_unit_append == 0
 
 
+def test_an_upload_that_adds_no_token_launches_no_scatter() -> None:
+    """The first decode step after a prefill under overlap scheduling is prepared before the
+    prefill's token is known: its upload changes no history, so it launches neither the
+    scatter nor the append, and the history stays exact."""
+    calls: dict[str, int] = {}
+    server, runner = token_check_server(token_config(write_input=False),
+                                        kernels=_counting(KERNELS, calls))
+    a = _request(server, "a", _prompt(1, 6))
+    server.extend([(a, 6)])
+    before = dict(calls)
+    sampled = a.output_ids.pop()  # the prefill's token is not in output_ids yet
+    updates = runner.request_rows.prepare(reqs=[a], prefix_lens=[6], seq_lens=[7])
+    a.output_ids.append(sampled)
+    assert updates.history_unchanged
+    runner._apply_row_updates(updates)
+    assert calls == before and runner._pending_unit_append == 0
+    assert runner.token_history.lens[a.req_pool_idx].item() == 6
+    assert runner.token_history.tokens[a.req_pool_idx, :6].tolist() == a.tokens[:6]
+
+
 def test_a_live_batch_without_row_updates_fails_loudly() -> None:
     server, _ = token_check_server(token_config(write_input=False), forward=None)
     server.init_new_hooks = ()  # the init_new hook "did not run"

@@ -113,6 +113,30 @@ def test_a_decode_step_s_upload_says_one_token_per_row_in_its_header() -> None:
     assert not deferred.unit_append and deferred.packed[0].item() == 0  # no seq_lens section
 
 
+def test_a_step_that_adds_no_token_says_its_history_is_unchanged() -> None:
+    """SGLang's overlap scheduler prepares the first decode step after a prefill before the
+    prefill's token reaches ``output_ids``: that steady step adds nothing, and its upload says
+    so (the runner launches no scatter for it); the next step is a unit append again."""
+    rows = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False)
+    a, b = _req("a", [1, 2, 3], [], row=3), _req("b", [5, 6], [], row=1)
+    prefill = rows.prepare(reqs=[a, b], prefix_lens=[0, 0], seq_lens=[3, 2])
+    assert not prefill.history_unchanged
+    rows.commit(prefill)
+    early = rows.prepare(reqs=[a, b], prefix_lens=[3, 2], seq_lens=[4, 3])
+    assert early.history_unchanged and not early.unit_append
+    assert early.token_history.req_all_ids_lens.tolist() == [3, 2]  # what the device holds
+    assert early.token_history.req_all_ids_flat.numel() == 0
+    rows.commit(early)
+    a.output_ids.append(7)
+    b.output_ids.append(8)
+    step = rows.prepare(reqs=[a, b], prefix_lens=[3, 2], seq_lens=[4, 3])
+    assert step.unit_append and not step.history_unchanged
+    rows.commit(step)
+    a.output_ids.append(9)  # b adds nothing: not every row is unchanged
+    mixed = rows.prepare(reqs=[a, b], prefix_lens=[4, 3], seq_lens=[5, 4])
+    assert not mixed.history_unchanged and not mixed.unit_append
+
+
 @pytest.mark.parametrize("token_history", [True, False], ids=["with-history", "chains-only"])
 def test_new_owners_get_the_chain_of_their_own_tokens(token_history: bool) -> None:
     a, b = _req("a", [1, 2, 3], [4], row=3), _req("b", [7, 8], [], row=1)
@@ -398,6 +422,8 @@ def test_incremental_and_full_give_identical_histories_over_a_schedule(steady: b
     assert tokens_moved[True] * 3 < tokens_moved[False]
     if steady:  # decode steps: one token per row, appended
         assert incremental.unit_appends > 30, incremental.unit_appends
+    else:  # batches of rows between prefill chunks: nothing to scatter
+        assert incremental.unchanged > 0 and full.unchanged == 0
 
 
 def test_valid_lengths_are_kept_per_pool_row() -> None:

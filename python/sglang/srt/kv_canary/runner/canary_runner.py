@@ -992,7 +992,8 @@ class CanaryRunner:
 
         A unit append (``updates.unit_append``: one token per row) is not scattered here: the
         pre launch's append applies it, from a captured graph or eagerly
-        (:meth:`launch_before_model`).
+        (:meth:`launch_before_model`); an upload whose history changed nothing
+        (``updates.history_unchanged``) launches no scatter.
         """
         key = (updates.segment_sizes, updates.has_history, updates.has_owners,
                updates.has_admissions)
@@ -1024,7 +1025,8 @@ class CanaryRunner:
                 self._pending_unit_append = rows
             else:
                 self._pending_unit_append = 0
-                self.token_history.upload(history)
+                if not updates.history_unchanged:
+                    self.token_history.upload(history)
         if updates.owner_rows > 0:
             self.state.owner_chains.index_copy_(0, owners.rows, owners.values)
         if updates.admission_rows > 0:

@@ -188,6 +188,10 @@ class RowUpdates:
     steady_after: _SteadyBatch | None = None
     upload_buffer: UploadBuffer | None = None  # where ``packed`` lives (a ring's slice)
     unit_append: bool = False  # the header holds the row count (see "Unit append")
+    # no row's history changed: the device already holds these lengths and tokens, so the
+    # history section needs no scatter (the first decode step after a prefill under SGLang's
+    # overlap scheduler, prepared before the prefill's token reaches ``output_ids``)
+    history_unchanged: bool = False
     owner_rows: int = 0  # rows of the owner section (0 without one)
     admission_rows: int = 0  # rows of the admission section (0 without one)
     _host_sections: tuple[Any, ...] | None = field(default=None, init=False, repr=False,
@@ -449,6 +453,7 @@ class RequestRows:
         deferred: list[DeferredAdmission] = []
         read_whole: list[tuple[int, np.ndarray]] = []
         unknown = 0
+        history_changed = False  # any row whose history (or known length) this upload changes
         defer = defer_new_owners and self._incremental
         # a row with no cached prefix is not deferred when nothing would be read later
         undefer_fresh = defer and (read_uncached or not self.keeps_token_history)
@@ -490,6 +495,7 @@ class RequestRows:
                 ))
                 history_lens.append(0)
                 segment_lens.append(0)
+                history_changed = True
                 if keeps_chains:
                     owner_rows.append(row)
                     owner_values.append(UNKNOWN_OWNER_CHAIN)
@@ -499,6 +505,7 @@ class RequestRows:
             whole_history: np.ndarray | None = None
             if keeps_history:
                 start = 0 if new_owner else row_synced_len[row]
+                history_changed = history_changed or new_owner or start != history_len
                 if start > history_len:  # the history shrank in place: rewrite it
                     start = 0
                 first = start + skip  # index of the first token to send in origin + output
@@ -550,6 +557,7 @@ class RequestRows:
             steady_after=_SteadyBatch.of(reqs, skip=skip)
             if self._steady_batches and not deferred and reqs
             else None,
+            history_unchanged=incremental and not history_changed,
         )
 
     def _materialize_steady(self) -> None:
@@ -598,6 +606,7 @@ class RequestRows:
                 tokens=list(map(_LAST, outputs)), steady_after=steady_after,
             )
         history = None
+        unchanged = not unit_segments and max(added, default=0) == 0
         if self.keeps_token_history:
             if unit_segments:
                 tokens: list[int] = list(map(_LAST, outputs))
@@ -621,6 +630,7 @@ class RequestRows:
             unknown_owner_rows=0,
             unit_segments=unit_segments,
             steady_after=steady_after,
+            history_unchanged=unchanged,
         )
 
     def _pack_unit_step(
@@ -749,10 +759,12 @@ def _pack(
     read_whole: tuple[tuple[int, np.ndarray], ...] = (),
     steady_after: _SteadyBatch | None = None,
     unit_segments: bool = False,
+    history_unchanged: bool = False,
 ) -> RowUpdates:
     """Lay the sections out back to back in one (pinned) int64 host buffer; host only.
     ``unit_segments``: every history segment is one token (a decode step's; checked here
-    otherwise)."""
+    otherwise). ``history_unchanged``: the caller knows every row's history is what the device
+    holds (see :attr:`RowUpdates.history_unchanged`)."""
     unit_append = False
     history_words = None
     if history is not None:
@@ -810,6 +822,7 @@ def _pack(
         steady_after=steady_after,
         upload_buffer=buffer,
         unit_append=unit_append,
+        history_unchanged=history_unchanged and history is not None,
         owner_rows=0 if owners is None else len(owners[0]),
         admission_rows=0 if admissions is None else len(admissions[0]),
     )
