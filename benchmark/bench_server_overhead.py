@@ -142,6 +142,7 @@ from server_overhead_table import (
     Target,
     WorkloadResult,
     check_targets,
+    control_line,
     format_workload_table,
     paired_comparisons,
     workload_notes,
@@ -692,6 +693,7 @@ def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
             "rows": rows,
             "verdicts": check_targets(workload=workload, rows=rows, targets=model.targets),
             "pairs": paired_comparisons(workload=workload, results=results, baselines=BASELINES),
+            "controls": control_line(workload=workload, results=results),
             "notes": workload_notes(workload=workload, results=results),
         }
     return tables
@@ -724,7 +726,7 @@ def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
         table = model_tables(model=model, workloads=[workload], results=results)[workload.name]
         text.append(format_workload_table(workload=workload, rows=table["rows"],
                                           verdicts=table["verdicts"], notes=table["notes"],
-                                          pairs=table["pairs"]))
+                                          pairs=table["pairs"], controls=table["controls"]))
         text.append("")
     text += [f"server {result.label}: {result.status}"
              for result in results if result.status != MEASURED]
@@ -865,13 +867,25 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
 HOST_TIMERS_DIR = pathlib.Path(__file__).resolve().parent / "host_timers"
 
 
+# the benchmark models' decoder layers, timed as the first token's process-speed control
+# (server_overhead_table.MODEL_CONTROLS); a model the run does not serve is never called
+MODEL_CONTROL_TIMERS = ("sglang.srt.models.qwen3:Qwen3DecoderLayer.forward",
+                        "sglang.srt.models.llama:LlamaDecoderLayer.forward")
+
+
 def with_host_timers(config: ServerConfig, *, every_n_forwards: int) -> ServerConfig:
-    """``config`` whose server loads ``host_timers/sitecustomize.py`` (timer lines in its log)."""
+    """``config`` whose server loads ``host_timers/sitecustomize.py`` (timer lines in its log),
+    timing also the models' decoder layers (:data:`MODEL_CONTROL_TIMERS`) beside any
+    ``KV_CANARY_HOST_TIMERS_EXTRA`` of this script's environment."""
     python_path = os.pathsep.join(
         part for part in (str(HOST_TIMERS_DIR), os.environ.get("PYTHONPATH", "")) if part
     )
+    extra = [item.strip() for item in os.environ.get("KV_CANARY_HOST_TIMERS_EXTRA", "").split(",")
+             if item.strip()]
+    extra += [item for item in MODEL_CONTROL_TIMERS if item not in extra]
     return dataclasses.replace(config, env={
         **config.env, "PYTHONPATH": python_path, "KV_CANARY_HOST_TIMERS": str(every_n_forwards),
+        "KV_CANARY_HOST_TIMERS_EXTRA": ",".join(extra),
     })
 
 

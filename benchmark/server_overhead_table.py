@@ -263,20 +263,68 @@ def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
     return rows
 
 
+# The timer names (``host_timers/sitecustomize.py``) of the benchmark models' decoder layers:
+# SGLang's own model code, on every eager forward's path (a prefill's), running no canary code.
+# Its mean per call in two servers compares how fast the two processes ran the first token's
+# host work; decode steps replay graphs and do not call it.
+MODEL_CONTROLS = ("Qwen3DecoderLayer.forward", "LlamaDecoderLayer.forward")
+
+
+def timer_mean_us(line: str, name: str) -> float | None:
+    """The mean µs per call of ``name`` in a host-timer line (``...: name 12.3us x1.00, ...``),
+    or None where the line does not list it."""
+    for entry in line.partition(": ")[2].split(", "):
+        parts = entry.split(" ")
+        if len(parts) == 3 and parts[0] == name and parts[1].endswith("us"):
+            return float(parts[1][:-2])
+    return None
+
+
+def model_control_us(result: ConfigResult, *, workload: Workload) -> tuple[str, float] | None:
+    """``(timer name, mean µs per call)`` of the model's decoder layer in the timer line this
+    server logged during ``workload``, or None (no line, or no eager forward in its window)."""
+    measured = result.workloads.get(workload.name)
+    if measured is None or not measured.host_timers:
+        return None
+    for name in MODEL_CONTROLS:
+        value = timer_mean_us(measured.host_timers, name)
+        if value is not None:
+            return name, value
+    return None
+
+
+def control_line(*, workload: Workload, results: Sequence[ConfigResult]) -> str | None:
+    """Each server's decoder-layer control on ``workload`` (None when no server has one)."""
+    found = [(result.label, model_control_us(result, workload=workload)) for result in results]
+    found = [(label, control) for label, control in found if control is not None]
+    if not found:
+        return None
+    names = sorted({name for _, (name, _) in found})
+    return (f"  model control ({', '.join(names)}: mean µs per call in each server's timer "
+            "line; SGLang's own code, no canary code): "
+            + ", ".join(f"{label} {value:.1f}" for label, (_, value) in found))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pair:
     """One server against the server of its baseline configuration started just before it
-    (labels ``NAME#run``); None where either did not measure the figure."""
+    (labels ``NAME#run``); None where either did not measure the figure. ``control_ratio``:
+    the server's decoder-layer control over the baseline server's (:data:`MODEL_CONTROLS`),
+    where both timer lines have it: above 1, this server's process ran SGLang's own model code
+    slower."""
 
     label: str
     baseline: str
     tok_s_ratio: Spread | None
     ttft_ratio: Spread | None
     step_added_ms: Difference | None
+    control_ratio: float | None = None
 
     def describe(self) -> str:
+        control = ("" if self.control_ratio is None
+                   else f", model control x{self.control_ratio:.3f}")
         return (f"{self.label} / {self.baseline} {_versus(self.tok_s_ratio)}, TTFT "
-                f"{_versus(self.ttft_ratio)}, {_added(self.step_added_ms)} ms/step")
+                f"{_versus(self.ttft_ratio)}, {_added(self.step_added_ms)} ms/step{control}")
 
 
 def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
@@ -302,6 +350,8 @@ def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
         base = _figures([reference], workload=workload)
         if own["tok_s"] is None or base["tok_s"] is None:
             continue
+        own_control = model_control_us(result, workload=workload)
+        base_control = model_control_us(reference, workload=workload)
         pairs.append(Pair(
             label=f"{result.config}#{result.run}",
             baseline=f"{reference.config}#{reference.run}",
@@ -309,6 +359,8 @@ def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
             ttft_ratio=_ratio(own["ttft"], base["ttft"]),
             step_added_ms=(None if own["step"] is None or base["step"] is None
                            else difference(minuend=own["step"], subtrahend=base["step"])),
+            control_ratio=(own_control[1] / base_control[1]
+                           if own_control and base_control and base_control[1] > 0 else None),
         ))
     return pairs
 
@@ -375,11 +427,12 @@ _HEADERS = ("config", "vs", "tok/s", "x vs", "TTFT ms", "x vs", "ms/step", "+ms 
 
 def format_workload_table(*, workload: Workload, rows: Sequence[Row],
                           verdicts: Sequence[Verdict], notes: Sequence[str],
-                          pairs: Sequence[Pair] = ()) -> str:
+                          pairs: Sequence[Pair] = (), controls: str | None = None) -> str:
     """A workload's block: its description, one line per row (columns aligned), the targets
     with their verdicts, ``pairs`` (tok/s ratio, TTFT ratio and ms per step added of each server
-    against the baseline server started just before it) and ``notes`` (e.g. why a
-    configuration has no figures)."""
+    against the baseline server started just before it, and their model controls' ratio),
+    ``controls`` (:func:`control_line`) and ``notes`` (e.g. why a configuration has no
+    figures)."""
     cells = [[row.label, row.baseline or "-", _value(row.tok_s, "{:.0f}"),
               _versus(row.tok_s_ratio), _value(row.ttft_ms, "{:.1f}"), _versus(row.ttft_ratio),
               _value(row.step_ms, "{:.3f}"), _added(row.step_added_ms),
@@ -399,6 +452,8 @@ def format_workload_table(*, workload: Workload, rows: Sequence[Row],
     if pairs:
         text.append("  pairs (each server vs the baseline server started just before it; tok/s): "
                     + "; ".join(pair.describe() for pair in pairs))
+    if controls:
+        text.append(controls)
     text += [f"  note: {note}" for note in notes]
     return "\n".join(text)
 

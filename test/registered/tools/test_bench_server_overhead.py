@@ -5,6 +5,7 @@ configuration), the table with baselines, noise and target verdicts, and the JSO
 against ``fake_sglang_server.py`` (a stand-in for ``sglang.launch_server``) for the streamed
 rounds, one whole server and ``main``."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -90,6 +91,15 @@ def test_host_timers_load_the_timing_sitecustomize_in_every_server(
     assert config.env["KV_CANARY_HOST_TIMERS"] == "500"
     assert config.env["PYTHONPATH"].split(":") == [str(bench.HOST_TIMERS_DIR), "/shell/path"]
     assert (bench.HOST_TIMERS_DIR / "sitecustomize.py").is_file()
+    # the models' decoder layers are timed as controls, beside the script's own extra timers
+    assert config.env["KV_CANARY_HOST_TIMERS_EXTRA"].split(",") == list(bench.MODEL_CONTROL_TIMERS)
+    monkeypatch.setenv("KV_CANARY_HOST_TIMERS_EXTRA",
+                       f"m:f, {bench.MODEL_CONTROL_TIMERS[1]}")
+    extra = bench.with_host_timers(bench.CONFIGS["off"], every_n_forwards=5).env[
+        "KV_CANARY_HOST_TIMERS_EXTRA"]
+    assert extra.split(",") == ["m:f", bench.MODEL_CONTROL_TIMERS[1], bench.MODEL_CONTROL_TIMERS[0]]
+    assert {name.split(":")[1] for name in bench.MODEL_CONTROL_TIMERS} == set(
+        table.MODEL_CONTROLS)
     assert {k: v for k, v in config.env.items() if k.startswith("SGLANG_")} == {
         k: v for k, v in bench.CONFIGS["all-checks"].env.items() if k.startswith("SGLANG_")}
     log = tmp_path / "server.log"
@@ -968,6 +978,37 @@ def test_pairs_compare_each_server_with_the_baseline_server_started_before_it() 
         "  pairs (each server vs the baseline server started just before it; tok/s): "
         + first.describe() + "; " + second.describe())
     assert text.splitlines()[-1] == "  note: n"
+
+
+def _with_timers(result: table.ConfigResult, line: str) -> table.ConfigResult:
+    measured = dataclasses.replace(result.workloads["w"], host_timers=line)
+    return dataclasses.replace(result, workloads={"w": measured})
+
+
+def test_pairs_and_the_block_show_each_server_s_model_control() -> None:
+    """The decoder layer's mean per call in each server's timer line (SGLang's own code on the
+    prefill path) shows how fast each process ran; pairs carry its ratio."""
+    line = "KV canary host timers over 200 forwards: ModelRunner.forward 9.0us x1.00, {}"
+    assert table.timer_mean_us(line.format("Qwen3DecoderLayer.forward 688.4us x18.18"),
+                               "Qwen3DecoderLayer.forward") == pytest.approx(688.4)
+    assert table.timer_mean_us(line.format("a 1.0us x1.00"), "Qwen3DecoderLayer.forward") is None
+    off = _measured("off", tok_s=(100.0,), ttft_ms=(10.0,), step_ms=(5.0,))
+    checks = _measured("all-checks", tok_s=(90.0,), ttft_ms=(11.0,), step_ms=(5.5,))
+    off2 = _measured("off", run=2, tok_s=(100.0,), ttft_ms=(10.0,), step_ms=(5.0,))
+    results = [_with_timers(off, line.format("LlamaDecoderLayer.forward 800.0us x2.02")),
+               _with_timers(checks, line.format("LlamaDecoderLayer.forward 1000.0us x2.02")),
+               off2]  # off#2 logged no timer line
+    (pair,) = table.paired_comparisons(workload=_W, results=results, baselines=bench.BASELINES)
+    assert pair.control_ratio == pytest.approx(1.25)
+    assert pair.describe().endswith("ms/step, model control x1.250")
+    controls = table.control_line(workload=_W, results=results)
+    assert controls == (
+        "  model control (LlamaDecoderLayer.forward: mean µs per call in each server's timer "
+        "line; SGLang's own code, no canary code): off 800.0, all-checks 1000.0")
+    assert table.control_line(workload=_W, results=[off, checks]) is None
+    text = table.format_workload_table(workload=_W, rows=[], verdicts=[], notes=[],
+                                       pairs=[pair], controls=controls)
+    assert text.splitlines()[-1] == controls
 
 
 def test_pairs_need_a_baseline_with_two_servers_and_an_earlier_one() -> None:
