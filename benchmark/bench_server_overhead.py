@@ -819,7 +819,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                         help="time the canary's host-side functions inside every server "
                              "(benchmark/host_timers/sitecustomize.py) and print, per server "
                              "and workload, the last line of means over N forwards it logged "
-                             "while the workload ran (default 0: off)")
+                             "while the workload ran; the models' decoder layers are timed too, "
+                             "as each server's process-speed control (printed per workload and "
+                             "per pair) (default 0: off)")
     parser.add_argument("--eagle-steps", type=int, default=0, metavar="N",
                         help="serve every model with EAGLE speculative decoding (a one-layer "
                              "dummy draft built beside it, spec v2, topk 1, N draft steps, N + 1 "
