@@ -145,6 +145,7 @@ from server_overhead_table import (
     control_line,
     format_workload_table,
     paired_comparisons,
+    ttft_distribution_line,
     workload_notes,
     workload_rows,
 )
@@ -694,6 +695,8 @@ def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
             "verdicts": check_targets(workload=workload, rows=rows, targets=model.targets),
             "pairs": paired_comparisons(workload=workload, results=results, baselines=BASELINES),
             "controls": control_line(workload=workload, results=results),
+            "ttft_distribution": ttft_distribution_line(workload=workload, results=results,
+                                                        baselines=BASELINES),
             "notes": workload_notes(workload=workload, results=results),
         }
     return tables
@@ -726,7 +729,8 @@ def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
         table = model_tables(model=model, workloads=[workload], results=results)[workload.name]
         text.append(format_workload_table(workload=workload, rows=table["rows"],
                                           verdicts=table["verdicts"], notes=table["notes"],
-                                          pairs=table["pairs"], controls=table["controls"]))
+                                          pairs=table["pairs"], controls=table["controls"],
+                                          ttft_distribution=table["ttft_distribution"]))
         text.append("")
     text += [f"server {result.label}: {result.status}"
              for result in results if result.status != MEASURED]

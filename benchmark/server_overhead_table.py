@@ -14,6 +14,7 @@ started just before it, which that slow drift does not enter.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -305,13 +306,61 @@ def control_line(*, workload: Workload, results: Sequence[ConfigResult]) -> str 
             + ", ".join(f"{label} {value:.1f}" for label, (_, value) in found))
 
 
+def request_ttfts_ms(results: Sequence[ConfigResult], *, workload: Workload) -> list[float]:
+    """Every request's TTFT in ms over the measured rounds of ``results`` on ``workload``."""
+    return [1e3 * ttft for result in results
+            if (measured := result.workloads.get(workload.name)) is not None
+            for timing in measured.rounds for ttft in timing.ttft_s]
+
+
+def ttft_percentiles_ms(ttfts_ms: Sequence[float]) -> tuple[float, float, float]:
+    """``(p10, p50, p90)`` of per-request TTFTs (at least one; with fewer than two, each is the
+    one value). Percentiles by the "inclusive" method: they never leave the measured range."""
+    if len(ttfts_ms) < 2:
+        return (ttfts_ms[0],) * 3
+    deciles = statistics.quantiles(ttfts_ms, n=10, method="inclusive")
+    return deciles[0], statistics.median(ttfts_ms), deciles[8]
+
+
+def ttft_distribution_line(*, workload: Workload, results: Sequence[ConfigResult],
+                           baselines: Mapping[str, str | None]) -> str | None:
+    """Each server's per-request TTFT percentiles on ``workload`` and, per configuration with a
+    baseline in the run, the ratio of the pooled medians (every request of every server of the
+    configuration against every request of its baseline's); None when no server measured it.
+
+    The mean TTFT of a round (the table's column) takes in every slow request: a stretch of
+    requests where a server process ran slow, or one garbage-collection pause, moves it. The
+    median of the requests does not, and a p90 far above the p50 shows such a stretch."""
+    servers = [(result.label, request_ttfts_ms([result], workload=workload))
+               for result in results]
+    servers = [(label, ttfts) for label, ttfts in servers if ttfts]
+    if not servers:
+        return None
+    parts = [f"{label} " + "/".join(f"{value:.1f}" for value in ttft_percentiles_ms(ttfts))
+             for label, ttfts in servers]
+    ratios = []
+    for config in dict.fromkeys(result.config for result in results):
+        baseline = baselines.get(config)
+        own = request_ttfts_ms([r for r in results if r.config == config], workload=workload)
+        base = request_ttfts_ms([r for r in results if r.config == baseline], workload=workload)
+        if own and base:
+            ratios.append(f"{config} / {baseline} "
+                          f"x{statistics.median(own) / statistics.median(base):.3f}")
+    line = ("  TTFT per request (ms, p10/p50/p90 over every request of a server's measured "
+            "rounds): " + ", ".join(parts))
+    if ratios:
+        line += "; pooled medians: " + ", ".join(ratios)
+    return line
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pair:
     """One server against the server of its baseline configuration started just before it
     (labels ``NAME#run``); None where either did not measure the figure. ``control_ratio``:
     the server's decoder-layer control over the baseline server's (:data:`MODEL_CONTROLS`),
     where both timer lines have it: above 1, this server's process ran SGLang's own model code
-    slower."""
+    slower. ``ttft_p50_ratio``: the median of the server's per-request TTFTs over the baseline
+    server's (see :func:`ttft_distribution_line`)."""
 
     label: str
     baseline: str
@@ -319,12 +368,14 @@ class Pair:
     ttft_ratio: Spread | None
     step_added_ms: Difference | None
     control_ratio: float | None = None
+    ttft_p50_ratio: float | None = None
 
     def describe(self) -> str:
+        p50 = "" if self.ttft_p50_ratio is None else f" (p50 x{self.ttft_p50_ratio:.3f})"
         control = ("" if self.control_ratio is None
                    else f", model control x{self.control_ratio:.3f}")
         return (f"{self.label} / {self.baseline} {_versus(self.tok_s_ratio)}, TTFT "
-                f"{_versus(self.ttft_ratio)}, {_added(self.step_added_ms)} ms/step{control}")
+                f"{_versus(self.ttft_ratio)}{p50}, {_added(self.step_added_ms)} ms/step{control}")
 
 
 def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
@@ -352,6 +403,8 @@ def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
             continue
         own_control = model_control_us(result, workload=workload)
         base_control = model_control_us(reference, workload=workload)
+        own_ttfts = request_ttfts_ms([result], workload=workload)
+        base_ttfts = request_ttfts_ms([reference], workload=workload)
         pairs.append(Pair(
             label=f"{result.config}#{result.run}",
             baseline=f"{reference.config}#{reference.run}",
@@ -361,6 +414,8 @@ def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
                            else difference(minuend=own["step"], subtrahend=base["step"])),
             control_ratio=(own_control[1] / base_control[1]
                            if own_control and base_control and base_control[1] > 0 else None),
+            ttft_p50_ratio=(statistics.median(own_ttfts) / statistics.median(base_ttfts)
+                            if own_ttfts and base_ttfts else None),
         ))
     return pairs
 
@@ -427,12 +482,13 @@ _HEADERS = ("config", "vs", "tok/s", "x vs", "TTFT ms", "x vs", "ms/step", "+ms 
 
 def format_workload_table(*, workload: Workload, rows: Sequence[Row],
                           verdicts: Sequence[Verdict], notes: Sequence[str],
-                          pairs: Sequence[Pair] = (), controls: str | None = None) -> str:
+                          pairs: Sequence[Pair] = (), controls: str | None = None,
+                          ttft_distribution: str | None = None) -> str:
     """A workload's block: its description, one line per row (columns aligned), the targets
     with their verdicts, ``pairs`` (tok/s ratio, TTFT ratio and ms per step added of each server
     against the baseline server started just before it, and their model controls' ratio),
-    ``controls`` (:func:`control_line`) and ``notes`` (e.g. why a configuration has no
-    figures)."""
+    ``ttft_distribution`` (:func:`ttft_distribution_line`), ``controls`` (:func:`control_line`)
+    and ``notes`` (e.g. why a configuration has no figures)."""
     cells = [[row.label, row.baseline or "-", _value(row.tok_s, "{:.0f}"),
               _versus(row.tok_s_ratio), _value(row.ttft_ms, "{:.1f}"), _versus(row.ttft_ratio),
               _value(row.step_ms, "{:.3f}"), _added(row.step_added_ms),
@@ -452,6 +508,8 @@ def format_workload_table(*, workload: Workload, rows: Sequence[Row],
     if pairs:
         text.append("  pairs (each server vs the baseline server started just before it; tok/s): "
                     + "; ".join(pair.describe() for pair in pairs))
+    if ttft_distribution:
+        text.append(ttft_distribution)
     if controls:
         text.append(controls)
     text += [f"  note: {note}" for note in notes]

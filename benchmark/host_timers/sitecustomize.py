@@ -35,6 +35,11 @@ cumulative_us xcalls`` per call of the first name, then ``KV canary host profile
 time over ...`` with the 30 of the most cumulative time. The profiler slows the Python it traces, so
 read its shares, not its totals; the timers give the real totals.
 
+A timed function called with a ``forward_batch=`` keyword (the canary runner's hooks:
+``on_init_new``, ``run_forward``, ...) is also timed per forward mode, as ``NAME[EXTEND]``,
+``NAME[DECODE]``, ...: a prefill's call apart from the decode steps' (``xcalls`` is then that
+mode's calls per forward).
+
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 ``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
 ``xcalls`` is the share of eager forwards and their mean is per eager (mostly EXTEND) forward.
@@ -235,6 +240,14 @@ class _CallProfile:
 _totals: dict[str, list[float]] = {}
 
 
+def _mode_of(kwargs: dict) -> str | None:
+    """The forward mode's name (``EXTEND``, ``DECODE``, ...) of a call given a
+    ``forward_batch=`` keyword (the canary runner's hooks), else None."""
+    batch = kwargs.get("forward_batch")
+    mode = getattr(batch, "forward_mode", None)
+    return getattr(mode, "name", None)
+
+
 def _wrap(name: str, function):
     entry = _totals.setdefault(name, [0.0, 0])
     first = name == TIMED[0][1]
@@ -245,8 +258,14 @@ def _wrap(name: str, function):
         try:
             return function(*args, **kwargs)
         finally:
-            entry[0] += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            entry[0] += elapsed
             entry[1] += 1
+            mode = _mode_of(kwargs)
+            if mode is not None:  # also per forward mode: a prefill's call apart from a step's
+                by_mode = _totals.setdefault(f"{name}[{mode}]", [0.0, 0])
+                by_mode[0] += elapsed
+                by_mode[1] += 1
             if first and entry[1] % _EVERY == 0:
                 _report()
 

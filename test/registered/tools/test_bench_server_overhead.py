@@ -164,6 +164,7 @@ def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptu
     (line,) = [record.getMessage() for record in caplog.records]
     assert float(line.split("gc.gen2 ")[1].split("us")[0]) >= 1000
     assert line.split("gc.gen2 ")[1].split(" ")[1].rstrip(",") == "x0.50"
+
     assert float(line.split("ModelRunner.forward ")[1].split("us")[0]) >= 1000
     assert [timers.every_n_forwards(v) for v in ("", "0", "500")] == [0, 0, 500]
     for bad in ("-1", "often", "1.5"):
@@ -183,6 +184,41 @@ def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptu
     assert timers.extra_timed("a.b:C.f, d:g") == (("a.b", "C.f"), ("d", "g"))
     with pytest.raises(ValueError, match="KV_CANARY_HOST_TIMERS_EXTRA item 'a.b' is invalid"):
         timers.extra_timed("a.b")
+
+
+def test_the_timing_sitecustomize_splits_hooks_by_forward_mode(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook called with ``forward_batch=`` is timed in total and per forward mode, so a
+    prefill's on_init_new is not averaged with the decode steps'."""
+    import importlib.util
+    import types
+
+    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")
+    spec = importlib.util.spec_from_file_location(
+        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
+    timers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timers)
+    monkeypatch.setattr(timers, "_EVERY", 3)
+    forward = timers._wrap(timers.TIMED[0][1], lambda: None)
+    hook = timers._wrap("CanaryRunner.on_init_new",
+                        lambda *, forward_batch: time.sleep(forward_batch.sleep_s))
+    extend = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name="EXTEND"),
+                                   sleep_s=0.004)
+    decode = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name="DECODE"),
+                                   sleep_s=0.0)
+    with caplog.at_level("WARNING"):
+        for batch in (extend, decode, decode):
+            hook(forward_batch=batch)
+            forward()
+    (line,) = [record.getMessage() for record in caplog.records]
+    means = {name: timers_mean for name in ("CanaryRunner.on_init_new",
+                                            "CanaryRunner.on_init_new[EXTEND]",
+                                            "CanaryRunner.on_init_new[DECODE]")
+             if (timers_mean := table.timer_mean_us(line, name)) is not None}
+    assert means["CanaryRunner.on_init_new[EXTEND]"] >= 4000
+    assert means["CanaryRunner.on_init_new[DECODE]"] < 1000
+    assert 1000 < means["CanaryRunner.on_init_new"] < means["CanaryRunner.on_init_new[EXTEND]"]
+    assert "CanaryRunner.on_init_new[EXTEND] " in line and "x0.33" in line
 
 
 def test_the_timing_sitecustomize_leaves_out_what_the_installed_code_lacks(
@@ -971,7 +1007,8 @@ def test_pairs_compare_each_server_with_the_baseline_server_started_before_it() 
     assert second.tok_s_ratio.median == pytest.approx(0.9)  # the pooled row says 99 / 110
     assert second.step_added_ms.value == pytest.approx(0.6)
     assert second.describe() == (
-        "all-checks#2 / off#2 0.900 ±0.000, TTFT 1.125 ±0.000, +0.600 ±0.000 ms/step")
+        "all-checks#2 / off#2 0.900 ±0.000, TTFT 1.125 ±0.000 (p50 x1.125), +0.600 ±0.000 "
+        "ms/step")
     text = table.format_workload_table(workload=_W, rows=[], verdicts=[], notes=["n"],
                                        pairs=[first, second])
     assert text.splitlines()[-2] == (
@@ -979,6 +1016,37 @@ def test_pairs_compare_each_server_with_the_baseline_server_started_before_it() 
         + first.describe() + "; " + second.describe())
     assert text.splitlines()[-1] == "  note: n"
 
+
+def test_the_ttft_distribution_line_shows_each_server_s_requests_and_pooled_medians() -> None:
+    """Per-request TTFT percentiles per server: one slow stretch moves a round's mean but not
+    the requests' median, and a p90 far above the p50 shows the stretch."""
+    def server(name: str, ttfts_ms: tuple[float, ...], *, run: int = 1) -> table.ConfigResult:
+        timing = _timing(wall_s=1.0, ttft_s=tuple(t / 1e3 for t in ttfts_ms), decode_s=0.1)
+        return table.ConfigResult(
+            config=name, run=run, status="measured", server_note="-",
+            workloads={"w": table.WorkloadResult(workload="w", status="measured",
+                                                 rounds=(timing,))})
+
+    off = server("off", (10.0,) * 10)
+    # nine requests at 10.5 ms, one caught in a 100 ms stall: mean 19.45, median 10.5
+    checks = server("all-checks", (10.5,) * 9 + (100.0,))
+    assert table.ttft_percentiles_ms([10.5] * 9 + [100.0]) == pytest.approx((10.5, 10.5, 19.45))
+    assert table.ttft_percentiles_ms([7.0]) == (7.0, 7.0, 7.0)
+    line = table.ttft_distribution_line(workload=_W, results=[off, checks],
+                                        baselines=bench.BASELINES)
+    assert line == (
+        "  TTFT per request (ms, p10/p50/p90 over every request of a server's measured rounds): "
+        "off 10.0/10.0/10.0, all-checks 10.5/10.5/19.4; pooled medians: all-checks / off x1.050")
+    (pair,) = table.paired_comparisons(
+        workload=_W, results=[off, checks, server("off", (10.0,) * 10, run=2)],
+        baselines=bench.BASELINES)
+    assert pair.ttft_ratio.median == pytest.approx(1.945)
+    assert pair.ttft_p50_ratio == pytest.approx(1.05)
+    assert table.ttft_distribution_line(workload=_W, results=[],
+                                        baselines=bench.BASELINES) is None
+    text = table.format_workload_table(workload=_W, rows=[], verdicts=[], notes=[],
+                                       ttft_distribution=line, controls="  control")
+    assert text.splitlines()[-2:] == [line, "  control"]
 
 def _with_timers(result: table.ConfigResult, line: str) -> table.ConfigResult:
     measured = dataclasses.replace(result.workloads["w"], host_timers=line)
