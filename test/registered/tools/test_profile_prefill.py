@@ -6,6 +6,8 @@ and its usage errors."""
 import pathlib
 import sys
 
+import pytest
+
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=2, suite="kv-canary-cpu")
@@ -64,9 +66,14 @@ def test_host_lines_nest_the_scheduler_calls_before_the_first_gemm() -> None:
     assert prefill.host_lines(no_gemm) == ["   host: no first GEMM launch found"]
 
 
-def test_bad_arguments_print_the_usage_or_the_allowed_configurations(capsys) -> None:
+def test_bad_arguments_print_the_usage_or_the_allowed_configurations(
+        capsys: pytest.CaptureFixture[str]) -> None:
     assert prefill.main(["out"]) == 2
     assert "usage: python benchmark/profile_prefill.py" in capsys.readouterr().err
     assert prefill.main(["out", "off", "gpu"]) == 2
     assert prefill.main(["out", "off,nope"]) == 2
     assert "unknown configurations ['nope']; allowed: off," in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
