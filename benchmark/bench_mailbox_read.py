@@ -1,37 +1,88 @@
-"""Host µs of ``CounterMailbox.read`` and of its parts, with CUDA counters and their pinned host
-copy, outside a server (the server's timers show the same call 3-4x slower: the scheduler
-process runs all Python slower). Needs CUDA; a few seconds.
+"""Host µs of ``CounterMailbox.read`` and of its parts, outside a server.
 
-Usage: ``python benchmark/bench_mailbox_read.py``
+With CUDA the counters are on the GPU, sealed by the Triton publish launch and copied into a
+pinned host buffer (what a server does); without it they are on the CPU with the torch
+reference (the same Python, no device: compare parts, not machines). In a server the host timers
+show the same read 3-4x slower: the scheduler process runs all its Python slower.
+
+Usage: ``python benchmark/bench_mailbox_read.py [--reads 2000]``
 """
-import time, numpy as np, torch
-from sglang.jit_kernel.kv_canary.consts import NUM_COUNTERS, COUNTER_PUBLISHES
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES, NUM_COUNTERS
 from sglang.jit_kernel.kv_canary.hashing import counters_checksum_holds
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
 from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-k = load_kernels(KernelBackend.TRITON)
-counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device="cuda")
-mb = CounterMailbox(counters=counters, seal=k.publish_counters)
-def t(fn, n=2000):
-    s = time.perf_counter()
-    for _ in range(n): fn()
-    return (time.perf_counter() - s) / n * 1e6
-reads = []
-for i in range(1, 2001):
-    mb.publish(); mb.label(publications=i, steps=i, launches=i, sweep_launches=0)
-    torch.cuda.synchronize()
-    s = time.perf_counter(); snap = mb.read(); reads.append((time.perf_counter() - s) * 1e6)
-    assert snap is not None
-reads.sort()
-print(f"read with a new publication: median {reads[1000]:.2f} us, p90 {reads[1800]:.2f}")
-print(f"read, nothing new: {t(mb.read):.2f} us")
-w = mb._words
-print(f"words.copy(): {t(lambda: w.copy()):.2f} us; int(words[PUB]): {t(lambda: int(w[COUNTER_PUBLISHES])):.2f} us")
-c = w.copy()
-print(f"checksum: {t(lambda: counters_checksum_holds(c)):.2f} us; tolist: {t(lambda: tuple(c.tolist())):.2f} us")
-print(f"CounterSnapshot: {t(lambda: CounterSnapshot(steps=1, launches=1, sweep_launches=0, counters=tuple(c.tolist()))):.2f} us")
-plain = np.zeros(NUM_COUNTERS, dtype=np.int64)
-print(f"copy of a plain numpy array: {t(lambda: plain.copy()):.2f} us; numpy {np.__version__}")
-ev = torch.cuda.Event(); ev.record()
-print(f"Event.query: {t(lambda: ev.query()):.2f} us; publish (seal + copy): {t(mb.publish, 500):.2f} us")
+
+
+def mean_us(fn: Callable[[], object], *, calls: int) -> float:
+    """Mean host µs of ``calls`` calls of ``fn``."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def read_with_new_publication_us(mailbox: CounterMailbox, *, reads: int) -> list[float]:
+    """Host µs of each of ``reads`` reads, each after a new, labeled, landed publication
+    (sorted)."""
+    cuda = torch.cuda.is_available()
+    times = []
+    for publication in range(1, reads + 1):
+        mailbox.publish()
+        mailbox.label(publications=publication, steps=publication, launches=publication,
+                      sweep_launches=0)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        snapshot = mailbox.read()
+        times.append((time.perf_counter() - start) * 1e6)
+        if snapshot is None:
+            raise RuntimeError(f"publication {publication} was not read")
+    return sorted(times)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reads", type=int, default=2000,
+                        help="publications read, and calls per timed part (default 2000)")
+    options = parser.parse_args(argv)
+    if options.reads < 2:
+        parser.error(f"--reads={options.reads} is invalid; allowed: an integer >= 2")
+    cuda = torch.cuda.is_available()
+    kernels = load_kernels(KernelBackend.TRITON if cuda else KernelBackend.TORCH_REFERENCE)
+    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device="cuda" if cuda else "cpu")
+    mailbox = CounterMailbox(counters=counters, seal=kernels.publish_counters)
+    calls = options.reads
+    times = read_with_new_publication_us(mailbox, reads=calls)
+    print(f"device: {'cuda (pinned host copy)' if cuda else 'cpu (torch reference)'}; "
+          f"numpy {np.__version__}")
+    print(f"read with a new publication: median {times[len(times) // 2]:.2f} us, "
+          f"p90 {times[len(times) * 9 // 10]:.2f}")
+    print(f"read, nothing new: {mean_us(mailbox.read, calls=calls):.2f} us")
+    # the parts of a read, on a host buffer like the mailbox's own
+    host = torch.zeros(NUM_COUNTERS, dtype=torch.int64, pin_memory=cuda).numpy()
+    words = host.copy()
+    print(f"copy of the host buffer: {mean_us(host.copy, calls=calls):.2f} us; "
+          f"publication word: {mean_us(lambda: int(host[COUNTER_PUBLISHES]), calls=calls):.2f} us")
+    print(f"checksum: {mean_us(lambda: counters_checksum_holds(words), calls=calls):.2f} us; "
+          f"tolist: {mean_us(lambda: tuple(words.tolist()), calls=calls):.2f} us")
+    snapshot_us = mean_us(lambda: CounterSnapshot(steps=1, launches=1, sweep_launches=0,
+                                                  counters=tuple(words.tolist())), calls=calls)
+    print(f"CounterSnapshot: {snapshot_us:.2f} us")
+    print(f"publish (seal + copy): {mean_us(mailbox.publish, calls=max(calls // 4, 1)):.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
