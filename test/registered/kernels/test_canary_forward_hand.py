@@ -342,6 +342,33 @@ def test_write_checks_cover_every_token_of_an_extend_chunk(impl, device):
     )
 
 
+def test_an_extend_layouts_write_checks_come_from_the_post_launch(impl, device):
+    """EXTEND: the pre launch writes the records without reading the expectations (the runner
+    sends an eager prefill's while the model runs); the post launch makes the WRITE rows.
+    DECODE: the pre launch makes them."""
+    sim = KvSim(device=device)
+    launches = canary_impl(impl)
+    sim.add_request(1, TOKENS_A)
+    batch = sim.extend_batch([(1, 5)], expected_inputs=True)
+    batch.input_ids[3] = 0
+    expected = batch.expected_input_ids.clone()
+    batch.expected_input_ids.fill_(7)  # what the pre launch would see: every token wrong
+    launches.launch_pre_forward(state=sim.state, batch=batch)
+    assert sim.violations() == []
+    batch.expected_input_ids.copy_(expected)
+    sim.model_writes_kv(batch)
+    launches.launch_post_forward(state=sim.state, batch=batch)
+    slot = sim.requests[1].slots[3]
+    assert sim.violations() == [
+        Violation(WRITE, Reason.WRITE_TOKEN, 1, slot, 3, 0, TOKENS_A[3], 3, 3, 0)
+    ]
+
+    decode = sim.decode_batch([1], expected_inputs=True)
+    decode.expected_input_ids[0] = 5
+    launches.launch_pre_forward(state=sim.state, batch=decode)
+    assert [v.check for v in sim.violations()].count(WRITE) == 2
+
+
 # ----------------------------------------------------------------------------- token history
 
 

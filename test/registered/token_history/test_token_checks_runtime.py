@@ -171,34 +171,34 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
                                  monkeypatch=monkeypatch)
     inputs = batch_inputs_of(extend)
     history = inputs.row_updates.token_history
-    # Both rows have new owners. a's forward writes its whole history (no cached prefix): its
-    # tokens are read once, before the forward (the expectations' prompt tokens come from that
-    # array), and go with this upload, whole, with its owner chain (the anchor): no deferral.
-    # b has a cached prefix: before the forward the device only forgets the row's previous
-    # owner (known length 0, chain unknown); its tokens are read after the model's enqueue.
+    # Both rows have new owners: before the forward the device only forgets each row's previous
+    # owner (known length 0, chain unknown); their tokens are read once the model is enqueued.
     assert history.req_pool_indices.tolist() == [1, 2]
-    assert history.req_all_ids_lens.tolist() == [3, 0]
-    assert history.req_all_ids_flat.tolist() == [5, 6, 7]
+    assert history.req_all_ids_lens.tolist() == [0, 0]
+    assert history.req_all_ids_flat.tolist() == []
     assert inputs.row_updates.owners.rows.tolist() == [1, 2]
-    assert inputs.row_updates.owners.values.tolist() == [chain_after_scalar(tokens=[]),
-                                                         UNKNOWN_OWNER_CHAIN]
+    assert inputs.row_updates.owners.values.tolist() == [UNKNOWN_OWNER_CHAIN] * 2
     for public, section in ((extend.req_all_ids_flat, history.req_all_ids_flat),
                             (extend.req_all_ids_lens, history.req_all_ids_lens)):
         # the public views: the same words of the host upload buffer as the sections
         assert public.data_ptr() == section.data_ptr() and torch.equal(public, section)
-    assert [d.row for d in inputs.row_updates.deferred] == [2]
-    assert [(row, tokens.tolist()) for row, tokens in inputs.row_updates.read_whole] == [
-        (1, [5, 6, 7])]
-    # the write-input assert's expectations: a's prompt tokens at positions 0-2, b's at 1, and
-    # at b's generated position 2 the oracle's token (its input was b's first output)
-    tokens, positions = inputs.extend_expectations.tolist()
-    assert positions == [0, 1, 2, 1, 2]
-    assert tokens == [5, 6, 7, 9, _oracle_token(reqs[1], 2)]
+    assert [d.row for d in inputs.row_updates.deferred] == [1, 2]
+    # kept for the expectations, built after the model is enqueued
+    assert [id(req) for req in inputs.extend_reqs] == [id(req) for req in reqs]
     deferred = runner.request_rows.prepare_deferred(inputs.row_updates.deferred)
-    assert deferred.token_history.req_all_ids_lens.tolist() == [3]
-    assert deferred.token_history.req_all_ids_flat.tolist() == [8, 9, 10]
+    assert deferred.token_history.req_all_ids_lens.tolist() == [3, 3]
+    assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7, 8, 9, 10]
+    assert [(row, tokens.tolist()) for row, tokens in deferred.read_whole] == [
+        (1, [5, 6, 7]), (2, [8, 9, 10])]
+    # a's seed is the anchor (no cached prefix): only b's prefix is checked
     assert deferred.admissions.rows.tolist() == [2]
     assert deferred.admissions.prefix_lens.tolist() == [1]
+    # the write-input assert's expectations: a's prompt tokens at positions 0-2, b's at 1, and
+    # at b's generated position 2 the oracle's token (its input was b's first output)
+    tokens, positions = runner._extend_expectations(forward_batch=extend,
+                                                    admitted=deferred).tolist()
+    assert positions == [0, 1, 2, 1, 2]
+    assert tokens == [5, 6, 7, 9, _oracle_token(reqs[1], 2)]
 
     # what the uploads before the forward and after the model's enqueue do
     runner.request_rows.commit(inputs.row_updates)
@@ -209,7 +209,7 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
     history = inputs.row_updates.token_history
     assert history.req_all_ids_flat.tolist() == [11]  # incremental: only what the pool lacks
     assert history.req_all_ids_lens.tolist() == [4, 3]
-    assert inputs.extend_expectations is None  # decode rows: the oracle decides, in the forward
+    assert inputs.extend_reqs is None  # decode rows: the oracle decides, in the forward
 
 
 def test_without_the_write_input_assert_no_expectations_are_attached(monkeypatch) -> None:
@@ -220,7 +220,7 @@ def test_without_the_write_input_assert_no_expectations_are_attached(monkeypatch
     assert extend.req_all_ids_flat.tolist() == []  # a new owner: deferred
     deferred = server.runner.kv_canary.request_rows.prepare_deferred(inputs.row_updates.deferred)
     assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7]
-    assert inputs.extend_expectations is None
+    assert inputs.extend_reqs is None
 
 
 def test_init_new_hook_refuses_a_batch_without_one_request_per_row() -> None:
@@ -268,23 +268,23 @@ def test_hook_registry_applies_the_hook_to_the_real_classmethod() -> None:
         batch = model_worker_batch(mode=ForwardMode.EXTEND, reqs=sglang_reqs([[4, 5, 6]]),
                                    extend_prefix_lens=[0])
         forward_batch = ForwardBatch.init_new(batch=batch, model_runner=runner)
-        print(*batch_inputs_of(forward_batch).extend_expectations.tolist(),
+        inputs = batch_inputs_of(forward_batch)
+        print(inputs.extend_reqs[0].origin_input_ids, [d.row for d in inputs.row_updates.deferred],
               forward_batch.rids_int.shape[0])
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "[4, 5, 6] [0, 1, 2] 1"
+    assert result.stdout.strip().splitlines()[-1] == "[4, 5, 6] [1] 1"
 
 
 # ----------------------------------------------------------------------------- before the forward
 
 
 def test_run_forward_refreshes_the_history_before_the_forward() -> None:
-    """A continuing row's tokens are on the device before the model forward, and so are a fresh
-    prompt's that the forward writes whole (read for the write-input expectations anyway: no
-    deferral); a new owner whose forward writes only a chunk (deferred admission) gets them
-    after the model is enqueued, before the post launch."""
+    """A continuing row's tokens are on the device before the model forward; a new owner's
+    (deferred admission: a fresh prompt, or a chunk of one) arrive after the model is enqueued,
+    before the post launch, which checks the written inputs."""
     server, runner = token_check_server(token_config())
     history = runner.token_history
     seen = []
@@ -306,14 +306,15 @@ def test_run_forward_refreshes_the_history_before_the_forward() -> None:
     runner._kernels = dataclasses.replace(runner._kernels, post_forward=recording_post_forward)
     first = _request(server, "a", _prompt(1, 5))
     server.extend([(first, 5)])
-    assert seen[-1][first.req_pool_idx] == 5  # written whole: with this forward's upload
+    assert seen[-1][first.req_pool_idx] == 0  # a new owner: not before the model
+    assert post_saw[-1][first.req_pool_idx] == 5  # but before the post launch
     server.decode([first])
     assert seen[-1][first.req_pool_idx] == 6  # the first output token, sampled at prefill
     assert history.tokens[first.req_pool_idx, :7].tolist() == first.tokens[:6] + [0]
     chunked = _request(server, "b", _prompt(40, 8))
     server.extend([(chunked, 3)])
-    assert seen[-1][chunked.req_pool_idx] == 0  # a new owner written in part: not yet
-    assert post_saw[-1][chunked.req_pool_idx] == 8  # but before the post launch
+    assert seen[-1][chunked.req_pool_idx] == 0  # a new owner written in part: the same
+    assert post_saw[-1][chunked.req_pool_idx] == 8
 
 
 def _recording(kernels: CanaryKernels, views: list) -> CanaryKernels:
@@ -575,7 +576,7 @@ def test_expectations_grow_for_large_eager_forwards_and_keep_the_graph_buffer() 
     assert expectations.capacity == 4
 
 
-def test_extend_expectations_come_from_init_new_and_cover_every_token() -> None:
+def test_extend_expectations_are_the_ones_sent_and_cover_every_token() -> None:
     batch = ForwardBatch(
         forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=torch.zeros(3, dtype=torch.int64),
         req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([3]),
@@ -587,7 +588,7 @@ def test_extend_expectations_come_from_init_new_and_cover_every_token() -> None:
     expectations = _write_expectations(capacity=4)
     with pytest.raises(RuntimeError, match="carries no expectations"):
         expectations.compute(forward_batch=batch)
-    with pytest.raises(RuntimeError, match="has 3 tokens but ForwardBatch.init_new saw 2"):
+    with pytest.raises(RuntimeError, match="has 3 tokens but its expectations cover 2"):
         expectations.compute(forward_batch=batch,
                              extend_expectations=torch.zeros((2, 2), dtype=torch.int64))
     sent = torch.arange(6, dtype=torch.int64).view(2, 3)

@@ -60,36 +60,41 @@ def test_a_blind_canary_misses_the_token_faults(name: str) -> None:
     assert not outcome.passed and "missed" in outcome.detail
 
 
+def _kernels_without(*fields: str) -> CanaryKernels:
+    """Reference kernels whose launches (both: a DECODE layout's inputs are checked before the
+    model, an EXTEND layout's after it) see the batch view without ``fields``."""
+    cleared = dict.fromkeys(fields)
+
+    def pre_forward(*, state, batch) -> None:
+        _KERNELS.pre_forward(state=state, batch=dataclasses.replace(batch, **cleared))
+
+    def post_forward(*, state, batch) -> None:
+        _KERNELS.post_forward(state=state, batch=dataclasses.replace(batch, **cleared))
+
+    return dataclasses.replace(_KERNELS, pre_forward=pre_forward, post_forward=post_forward)
+
+
 def test_without_write_input_expectations_a_foreign_token_goes_unnoticed() -> None:
-    """Write launches that see no expectations: a token the oracle did not emit is then only
-    ever compared with the history, which has it too."""
-
-    def pre_forward(*, state, batch) -> None:  # the launch that writes (and checks inputs)
-        no_expectations = dataclasses.replace(batch, expected_input_ids=None,
-                                              expected_positions=None)
-        _KERNELS.pre_forward(state=state, batch=no_expectations)
-
-    kernels = dataclasses.replace(_KERNELS, pre_forward=pre_forward)
+    """Launches that see no expectations: a token the oracle did not emit is then only ever
+    compared with the history, which has it too."""
+    kernels = _kernels_without("expected_input_ids", "expected_positions")
     outcome = run_scenario(_SCENARIOS["foreign next token, token checks"], page_size=1,
                            kernels=kernels)
     assert not outcome.passed and "missed" in outcome.detail
 
 
 def _kernels_writing_without_history() -> CanaryKernels:
-    """Reference kernels whose write launch sees no token history."""
-
-    def pre_forward(*, state, batch) -> None:  # the launch that writes (and checks inputs)
-        no_history = dataclasses.replace(batch, token_history=None, token_history_lens=None)
-        _KERNELS.pre_forward(state=state, batch=no_history)
-
-    return dataclasses.replace(_KERNELS, pre_forward=pre_forward)
+    """Reference kernels that see no token history."""
+    return _kernels_without("token_history", "token_history_lens")
 
 
 def test_prompt_token_faults_are_caught_from_the_tokens_sent_with_the_batch() -> None:
-    """The write launch compares prompt tokens with the request's tokens sent with the batch, so
-    it needs no token history (a new owner's arrives only after the pre launch)."""
-    outcome = run_scenario(_SCENARIOS["input_ids fault, token checks"], page_size=4,
-                           kernels=_kernels_writing_without_history())
+    """The post launch compares an extend's prompt tokens with the request's tokens sent with the
+    batch, so every fault is caught by a write_token row without any token history (and so
+    without the verify_token rows the scenario also asks for)."""
+    scenario = dataclasses.replace(_SCENARIOS["input_ids fault, token checks"],
+                                   must_also_report=0)
+    outcome = run_scenario(scenario, page_size=4, kernels=_kernels_writing_without_history())
     assert outcome.passed, outcome.detail
 
 

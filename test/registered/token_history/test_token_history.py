@@ -24,7 +24,11 @@ from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (  # noqa: E40
     scatter_req_token_ids_torch_reference,
 )
 from sglang.srt.kv_canary.monitor.counter_snapshots import HostEvent  # noqa: E402
-from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates  # noqa: E402
+from sglang.srt.kv_canary.runner.request_rows import (  # noqa: E402
+    UNKNOWN_OWNER_CHAIN,
+    RequestRows,
+    RowUpdates,
+)
 from sglang.srt.kv_canary.runner.upload_buffers import UploadBufferRing  # noqa: E402
 from sglang.srt.kv_canary.token_history.history import TokenHistory  # noqa: E402
 from sglang.test.ci.ci_register import register_cpu_ci  # noqa: E402
@@ -201,12 +205,14 @@ def test_deferred_admissions_reset_the_row_first_and_send_its_tokens_later(
         assert known.token_history.req_all_ids_flat.tolist() == [10]
 
 
-def test_a_fresh_admission_written_whole_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``read_uncached``: a new owner that this forward writes whole (no cached prefix) is read
-    at ``prepare`` (the write-input expectations take its prompt tokens from ``read_whole``) and
-    is not deferred: its history and owner chain (the anchor) go with the forward's upload,
-    exactly what a forward that defers nothing sends for it. A row with a cached prefix, or whose
-    forward writes only a chunk, is still read after the model is enqueued."""
+def test_deferred_admissions_are_read_once_and_handed_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Token history on, every new owner is deferred, a fresh prompt's too: before the forward
+    the device only forgets each row (known length 0, owner chain unknown). ``prepare_deferred``
+    reads each request's tokens once, hands the whole histories over in ``read_whole`` (the
+    write-input expectations take the prompt tokens from there) and checks the prefix chain only
+    of a row with a cached prefix (a fresh row's seed is the anchor)."""
     from sglang.srt.kv_canary.runner import request_rows
 
     reads: list[int] = []
@@ -217,36 +223,29 @@ def test_a_fresh_admission_written_whole_is_read_once(monkeypatch: pytest.Monkey
         return real_read(origin, output, length, skip=skip)
 
     monkeypatch.setattr(request_rows, "_history_array", counting_read)
-
-    def admit(*, defer: bool, read_uncached: bool) -> tuple[RowUpdates, RowUpdates | None]:
-        fresh, cached, chunk = (_req("fresh", [1, 2, 3], [], row=1), _req("cached", [4, 5], [], row=2),
-                                _req("chunk", [6, 7, 8, 9], [], row=3))
-        rows = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False)
-        early = rows.prepare(reqs=[fresh, cached, chunk], prefix_lens=[0, 1, 0],
-                             seq_lens=[3, 2, 2], defer_new_owners=defer,
-                             read_uncached=read_uncached)
-        return early, rows.prepare_deferred(early.deferred) if early.deferred else None
-
-    early, late = admit(defer=True, read_uncached=True)
-    assert [d.row for d in early.deferred] == [2, 3]
-    assert [(row, tokens.tolist()) for row, tokens in early.read_whole] == [(1, [1, 2, 3])]
-    assert reads == [3, 2, 4]  # fresh at prepare; cached and chunk after the model is enqueued
-    assert early.token_history.req_all_ids_lens.tolist() == [3, 0, 0]
-    assert early.token_history.req_all_ids_flat.tolist() == [1, 2, 3]
-    assert early.owners.rows.tolist() == [1, 2, 3]
-    assert early.owners.values.tolist() == [chain_after_scalar(tokens=[]), 0, 0]
-    assert early.commit_rows == (1,)
-    assert late.token_history.req_all_ids_flat.tolist() == [4, 5, 6, 7, 8, 9]
-    assert late.admissions.rows.tolist() == [2, 3]
-    # the fresh row's words are those of a forward that defers nothing
-    nothing_deferred, _ = admit(defer=False, read_uncached=False)
-    assert nothing_deferred.token_history.req_all_ids_flat.tolist()[:3] == [1, 2, 3]
-    assert nothing_deferred.owners.values.tolist()[0] == early.owners.values.tolist()[0]
-    reads.clear()
-    plain_early, plain_late = admit(defer=True, read_uncached=False)
-    assert reads == [3, 2, 4] and plain_early.read_whole == ()
-    assert [d.row for d in plain_early.deferred] == [1, 2, 3]  # all read after the enqueue
-    assert plain_late.token_history.req_all_ids_flat.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    fresh, cached, chunk = (_req("fresh", [1, 2, 3], [], row=1), _req("cached", [4, 5], [], row=2),
+                            _req("chunk", [6, 7, 8, 9], [], row=3))
+    rows = RequestRows(num_rows=6, token_history=True, owner_chains=True, pin_memory=False)
+    early = rows.prepare(reqs=[fresh, cached, chunk], prefix_lens=[0, 1, 0], seq_lens=[3, 2, 2],
+                         defer_new_owners=True)
+    assert reads == []
+    assert [d.row for d in early.deferred] == [1, 2, 3]
+    assert early.token_history.req_all_ids_lens.tolist() == [0, 0, 0]
+    assert early.owners.values.tolist() == [UNKNOWN_OWNER_CHAIN] * 3
+    assert early.commit_rows == () and early.read_whole == ()
+    late = rows.prepare_deferred(early.deferred)
+    assert reads == [3, 2, 4]
+    assert late.token_history.req_all_ids_flat.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert [(row, tokens.tolist()) for row, tokens in late.read_whole] == [
+        (1, [1, 2, 3]), (2, [4, 5]), (3, [6, 7, 8, 9])]
+    assert late.admissions.rows.tolist() == [2]
+    assert late.admissions.prefix_lens.tolist() == [1]
+    assert late.admissions.chains.tolist() == [chain_after_scalar(tokens=[4])]
+    owners_only = RequestRows(num_rows=6, token_history=False, owner_chains=True,
+                              pin_memory=False)
+    early = owners_only.prepare(reqs=[cached], prefix_lens=[1], seq_lens=[2],
+                                defer_new_owners=True)
+    assert owners_only.prepare_deferred(early.deferred).read_whole == ()
 
 
 def test_without_a_token_history_no_fresh_row_is_deferred() -> None:

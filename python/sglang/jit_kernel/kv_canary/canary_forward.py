@@ -41,7 +41,10 @@ tensors). Batches of any size are walked in fixed blocks of ``ROW_BLOCK`` rows.
   the row's earlier tiles is recomputed by the tile's own program, ``SCAN_BLOCK`` tokens per
   vector step, so an 8k-token prefill chunk is written by 16 programs in parallel. The lane
   holding a row's last token checks the row's owner chain and advances it (one program per
-  row, load before store).
+  row, load before store). The checks of the written tokens' inputs (positions, write-input
+  expectations, unmapped slots) run in the pre launch for DECODE and in the post launch for
+  EXTEND, which walks the same tiles again: an eager prefill's expectations are then built
+  and sent while the model runs, off the path to its first token.
 * Row checks (seq_lens invariant in the pre launch, ownership at the last position in the post
   launch) are vectorized over a row block by one program per block.
 * Violations. A tile with failing lanes reserves ring rows with one atomic add on
@@ -315,16 +318,18 @@ def _write_lanes(
     counters_ptr,
     owner_chains_ptr,
     SCAN: tl.constexpr,
+    CHECK_INPUTS: tl.constexpr,
     HAS_HISTORY: tl.constexpr,
     HAS_EXPECTED_INPUT_IDS: tl.constexpr,
     HAS_EXPECTED_POSITIONS: tl.constexpr,
 ):
     """Write the records of the tokens in ``lanes_on`` (per lane: pool row ``rp``, prefix length
     ``prefix``, index ``k`` of the token within its row of ``count`` tokens, token index
-    ``token_index``), check them, and check and advance the owner chain of each row whose last
-    token is in a lane. ``earlier_terms`` is the sum of the chain terms of the row's tokens
-    before the tile; with ``SCAN`` (one row per tile) the lanes chain onto each other, else each
-    lane is its row's only token. Returns the number of slots written (int64)."""
+    ``token_index``), check their inputs (``CHECK_INPUTS``: the DECODE layout; an EXTEND
+    layout's are checked by the post launch), and check and advance the owner chain of each row
+    whose last token is in a lane. ``earlier_terms`` is the sum of the chain terms of the row's
+    tokens before the tile; with ``SCAN`` (one row per tile) the lanes chain onto each other,
+    else each lane is its row's only token. Returns the number of slots written (int64)."""
     # Seed: the chain value of the row's first new token.
     has_prefix = lanes_on & (prefix != 0)
     seed_slot = load_req_to_token(
@@ -351,7 +356,60 @@ def _write_lanes(
     tl.store(records_ptr + fields + _FIELD_TOKEN_POSITION, head, mask=storable[:, None])
     tl.store(records_ptr + fields + _FIELD_FINGERPRINT, tail, mask=storable[:, None])
 
-    # Write-input checks.
+    if CHECK_INPUTS:
+        _check_write_inputs(
+            rp, prefix, k, token_index, valid, token, position, slot, step,
+            expected_input_ids_ptr, expected_positions_ptr,
+            history_ptr, history_rows, history_cols, history_stride, history_lens_ptr,
+            ring_ptr, ring_capacity, counters_ptr,
+            HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
+        )
+
+    # Ownership, in the lane of each row's last token (one program per row).
+    last = lanes_on & (k == count - 1)
+    in_pool = last & (rp >= 0) & (rp < rt_rows)
+    owner = tl.load(owner_chains_ptr + rp, mask=in_pool, other=0)
+    mismatch = last & (owner != 0) & (owner != seed)
+    ring_append(
+        ring_ptr, counters_ptr, ring_capacity, mismatch, PRE, _VERIFY_OWNER, rp, seed_slot,
+        prefix - 1, tl.where(has_prefix, unpack_token(seed_packed), NO_TOKEN_C), NO_TOKEN_C,
+        seed, owner, step,
+    )
+    row_terms = chain + term - seed  # the sum of the chain terms of all the row's tokens
+    advanced = tl.where(owner != 0, owner, seed) + row_terms
+    tl.store(owner_chains_ptr + rp, advanced, mask=in_pool)
+    return sum_1d(written.to(tl.int64))
+
+
+@triton.jit
+def _check_write_inputs(
+    rp,
+    prefix,
+    k,
+    token_index,
+    valid,
+    token,
+    position,
+    slot,
+    step,
+    expected_input_ids_ptr,
+    expected_positions_ptr,
+    history_ptr,
+    history_rows,
+    history_cols,
+    history_stride,
+    history_lens_ptr,
+    ring_ptr,
+    ring_capacity,
+    counters_ptr,
+    HAS_HISTORY: tl.constexpr,
+    HAS_EXPECTED_INPUT_IDS: tl.constexpr,
+    HAS_EXPECTED_POSITIONS: tl.constexpr,
+):
+    """The write checks of the tokens in ``valid`` (per lane: pool row ``rp``, prefix length
+    ``prefix``, index ``k`` within the row, token index ``token_index``, and the low 32 bits of
+    its token, its position and its slot): position, write-input expectations, unmapped slot.
+    Appends one ``WRITE`` row per failing token."""
     expected_position = prefix + k
     position_bad = position != expected_position
     reported_position = expected_position
@@ -390,20 +448,46 @@ def _write_lanes(
         expected_position, token, expected_token, position, reported_position, step,
     )
 
-    # Ownership, in the lane of each row's last token (one program per row).
-    last = lanes_on & (k == count - 1)
-    in_pool = last & (rp >= 0) & (rp < rt_rows)
-    owner = tl.load(owner_chains_ptr + rp, mask=in_pool, other=0)
-    mismatch = last & (owner != 0) & (owner != seed)
-    ring_append(
-        ring_ptr, counters_ptr, ring_capacity, mismatch, PRE, _VERIFY_OWNER, rp, seed_slot,
-        prefix - 1, tl.where(has_prefix, unpack_token(seed_packed), NO_TOKEN_C), NO_TOKEN_C,
-        seed, owner, step,
+
+@triton.jit
+def _check_written_inputs(
+    rp,
+    prefix,
+    k,
+    token_index,
+    lanes_on,
+    step,
+    input_ids_ptr,
+    positions_ptr,
+    out_cache_loc_ptr,
+    num_tokens,
+    expected_input_ids_ptr,
+    expected_positions_ptr,
+    history_ptr,
+    history_rows,
+    history_cols,
+    history_stride,
+    history_lens_ptr,
+    ring_ptr,
+    ring_capacity,
+    counters_ptr,
+    HAS_HISTORY: tl.constexpr,
+    HAS_EXPECTED_INPUT_IDS: tl.constexpr,
+    HAS_EXPECTED_POSITIONS: tl.constexpr,
+):
+    """Post launch, EXTEND layout: the write checks of the tokens in ``lanes_on`` (lanes as in
+    :func:`_write_lanes`), from the same batch tensors the pre launch wrote the records from."""
+    valid = lanes_on & (token_index >= 0) & (token_index < num_tokens)
+    token = tl.load(input_ids_ptr + token_index, mask=valid, other=0).to(tl.int64) & _TOKEN_MASK
+    position = tl.load(positions_ptr + token_index, mask=valid, other=0).to(tl.int64)
+    slot = tl.load(out_cache_loc_ptr + token_index, mask=valid, other=0).to(tl.int64)
+    _check_write_inputs(
+        rp, prefix, k, token_index, valid, token, position, slot, step,
+        expected_input_ids_ptr, expected_positions_ptr,
+        history_ptr, history_rows, history_cols, history_stride, history_lens_ptr,
+        ring_ptr, ring_capacity, counters_ptr,
+        HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
     )
-    row_terms = chain + term - seed  # the sum of the chain terms of all the row's tokens
-    advanced = tl.where(owner != 0, owner, seed) + row_terms
-    tl.store(owner_chains_ptr + rp, advanced, mask=in_pool)
-    return sum_1d(written.to(tl.int64))
 
 
 @triton.jit
@@ -585,8 +669,10 @@ def _canary_forward_kernel(
             )
         item_base += total
 
-        # ---- write items (pre launch)
-        if PHASE == PRE:
+        # ---- write items: the pre launch writes the records (and checks a DECODE layout's
+        # inputs); the post launch checks an EXTEND layout's inputs, so their expectations can
+        # be sent while the model runs
+        if PHASE == PRE or LAYOUT != _DECODE:
             if LAYOUT == _DECODE:
                 # DECODE_WRITE_ROWS rows per item, one token (lane) per row.
                 block_rows = tl.minimum(bs - block_start, ROW_BLOCK)
@@ -607,7 +693,7 @@ def _canary_forward_kernel(
                         history_lens_ptr, records_ptr, num_slots,
                         req_to_token_ptr, rt_rows, rt_cols, rt_stride,
                         ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
-                        False, HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
+                        False, True, HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
                     )
             else:
                 # WRITE_TILE tokens of one row per item.
@@ -624,22 +710,33 @@ def _canary_forward_kernel(
                     count = _token_counts(extend_seq_lens_ptr, b, b < bs, LAYOUT)
                     first = tl.load(extend_start_loc_ptr + b).to(tl.int64)
                     tile_start = tile.to(tl.int64) * WRITE_TILE
-                    earlier = _row_terms_before(
-                        input_ids_ptr, positions_ptr, num_tokens, first, tile_start, SCAN_BLOCK
-                    )
                     k = tile_start + write_lanes
                     zero = k * 0
-                    written += _write_lanes(
-                        zero + rp, zero + prefix, k, zero + count, first + k, k < count,
-                        earlier, step,
-                        input_ids_ptr, positions_ptr, out_cache_loc_ptr, num_tokens,
-                        expected_input_ids_ptr, expected_positions_ptr,
-                        history_ptr, history_rows, history_cols, history_stride,
-                        history_lens_ptr, records_ptr, num_slots,
-                        req_to_token_ptr, rt_rows, rt_cols, rt_stride,
-                        ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
-                        True, HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
-                    )
+                    if PHASE == PRE:
+                        earlier = _row_terms_before(
+                            input_ids_ptr, positions_ptr, num_tokens, first, tile_start,
+                            SCAN_BLOCK,
+                        )
+                        written += _write_lanes(
+                            zero + rp, zero + prefix, k, zero + count, first + k, k < count,
+                            earlier, step,
+                            input_ids_ptr, positions_ptr, out_cache_loc_ptr, num_tokens,
+                            expected_input_ids_ptr, expected_positions_ptr,
+                            history_ptr, history_rows, history_cols, history_stride,
+                            history_lens_ptr, records_ptr, num_slots,
+                            req_to_token_ptr, rt_rows, rt_cols, rt_stride,
+                            ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
+                            True, False, HAS_HISTORY, False, False,
+                        )
+                    else:
+                        _check_written_inputs(
+                            zero + rp, zero + prefix, k, first + k, k < count, step,
+                            input_ids_ptr, positions_ptr, out_cache_loc_ptr, num_tokens,
+                            expected_input_ids_ptr, expected_positions_ptr,
+                            history_ptr, history_rows, history_cols, history_stride,
+                            history_lens_ptr, ring_ptr, ring_capacity, counters_ptr,
+                            HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
+                        )
             item_base += total
 
         # ---- row checks: one program per row block
@@ -675,9 +772,10 @@ def _canary_forward_kernel(
 
 def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> None:
     """Before the model forward: verify every live row's prefix (real data excepted: the post
-    launch verifies it), write this forward's records (stamped ``step + 1``, fingerprint 0),
-    check and advance the rows' owner chains, check the seq_lens invariant (see
-    :mod:`.canary_forward_ref` for the exact contract).
+    launch verifies it), write this forward's records (stamped ``step + 1``, fingerprint 0) and
+    check a DECODE layout's written inputs, check and advance the rows' owner chains, check the
+    seq_lens invariant (see :mod:`.canary_forward_ref` for the exact contract). An EXTEND
+    layout's write-input expectations are not read here (the post launch checks them).
 
     One kernel launch on the current stream; no host synchronization, no allocation;
     CUDA-graph capturable (the grid depends only on ``bs``, ``num_tokens``, ``max_context_len``
@@ -688,8 +786,8 @@ def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> N
 
 def launch_post_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> None:
     """After the model forward: verify every live row's prefix and new positions, store the new
-    slots' fingerprints, check the rows' owner chains, advance the step counter (see
-    :mod:`.canary_forward_ref`).
+    slots' fingerprints, check an EXTEND layout's written inputs, check the rows' owner chains,
+    advance the step counter (see :mod:`.canary_forward_ref`).
 
     One kernel launch on the current stream; no host synchronization, no allocation;
     CUDA-graph capturable.
@@ -742,6 +840,8 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
               batch.token_history_lens)
     )
     placeholder = batch.req_pool_indices  # never read where its constexpr flag is off
+    # the launch that checks the written tokens' inputs (and so reads the expectations)
+    checks_inputs = (phase is CheckKind.PRE_VERIFY) == (batch.layout is BatchLayout.DECODE)
     _LAUNCH(
         (num_programs,),
         batch.req_pool_indices,
@@ -773,8 +873,8 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         LAYOUT=int(batch.layout),
         VERIFY_TOKEN=batch.verifies_tokens,
         HAS_HISTORY=history is not None,
-        HAS_EXPECTED_INPUT_IDS=batch.expected_input_ids is not None,
-        HAS_EXPECTED_POSITIONS=batch.expected_positions is not None,
+        HAS_EXPECTED_INPUT_IDS=checks_inputs and batch.expected_input_ids is not None,
+        HAS_EXPECTED_POSITIONS=checks_inputs and batch.expected_positions is not None,
         HAS_HOST_SEQ_LENS=phase is CheckKind.PRE_VERIFY and batch.host_seq_lens is not None,
         **real,
         REAL_DATA_STRIDE=1 if real_data is None else real_data.verify_stride,

@@ -30,11 +30,12 @@ Pre launch (before the model forward; ``S = counters[COUNTER_STEP]``):
    token_history[rp, p]`` (``known_len(rp) = token_history_lens[rp]`` clipped to the history's
    width, 0 for a row outside it; the row's expected token is the history's where known, else
    -1).
-2. write (``WRITE``) the row's tokens: ``slot = out_cache_loc[i]``; slot 0 gives
-   ``WRITE_UNMAPPED`` and is not written; otherwise ``records[slot] = (pack(input_ids[i],
-   positions[i]), chain_k, 0, S + 1)`` (never outside ``[1, num_slots)``; such a slot is still
-   checked and counted), where ``chain_k = seed + sum(chain_term)`` over the row's earlier tokens
-   and ``seed = CHAIN_ANCHOR`` if ``P == 0``, else ``derived(record(rt(rp, P - 1)))``. Checks:
+2. write (``WRITE``) the row's tokens: ``slot = out_cache_loc[i]``; slot 0 is not written;
+   otherwise ``records[slot] = (pack(input_ids[i], positions[i]), chain_k, 0, S + 1)`` (never
+   outside ``[1, num_slots)``; such a slot is still checked and counted), where ``chain_k =
+   seed + sum(chain_term)`` over the row's earlier tokens and ``seed = CHAIN_ANCHOR`` if ``P ==
+   0``, else ``derived(record(rt(rp, P - 1)))``. Write checks (layout ``DECODE`` only: an
+   ``EXTEND`` layout's are made by the post launch, step 2 there): ``WRITE_UNMAPPED`` for slot 0;
    ``WRITE_POSITION`` if ``positions[i] != P + k`` or (given, not -1) ``!= expected_positions[i]``;
    ``WRITE_TOKEN`` (``expected_input_ids`` given) if the expectation ``e`` is not -1 and the token
    differs, where ``e = expected_input_ids[i]``, or, where that is -1 and the token history is
@@ -64,11 +65,16 @@ advances ``COUNTER_STEP`` itself and so cannot read it race-free):
    != S + 1`` (the position this forward wrote maps to a slot it did not write), and instead of
    checking the fingerprint, real data on and ``r.stamp == S + 1``:
    ``records[slot][FIELD_FINGERPRINT] =`` the fingerprint of the bytes the model just wrote.
-2. ownership, per live row with ``n >= 1`` and ``owner = owner_chains[rp] != 0``, at ``p = P + n
+2. write checks of an ``EXTEND`` layout: the pre launch's write checks (step 2 there) of every
+   token the row wrote, from the same ``input_ids``, ``positions``, ``out_cache_loc`` and
+   expectations, with the token history as it is now (the host may have sent a new request's
+   history while the model ran); ``WRITE`` rows, ``ROW_STEP = S``. Checking them after the model
+   lets an eager prefill's write-input expectations be built while the model runs.
+3. ownership, per live row with ``n >= 1`` and ``owner = owner_chains[rp] != 0``, at ``p = P + n
    - 1``: if ``derived(record(rt(rp, p))) != owner``, a ``POST_VERIFY`` row ``VERIFY_OWNER`` with
    slot ``rt(rp, p)``, position ``p``, that record's token, expected token -1, stored chain the
    derived value, expected chain ``owner``. The post launch never writes ``owner_chains``.
-3. counters: ``KERNEL_RUNS[POST_VERIFY] += 1``, ``ENTRIES[POST_VERIFY] +=`` slots verified,
+4. counters: ``KERNEL_RUNS[POST_VERIFY] += 1``, ``ENTRIES[POST_VERIFY] +=`` slots verified,
    ``COUNTER_STEP += 1``.
 
 Every violation row carries ``ROW_STEP = S``; ring placement as in :mod:`.consts`. Both launches
@@ -146,10 +152,13 @@ def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> N
     # read before any record is written
     seeds = [row_seed(state, row.rp, row.prefix) for row in rows]
     written = 0
+    checks_inputs = batch.layout is BatchLayout.DECODE
     for row, seed in zip(rows, seeds):
         written += _write_row(
             state=state, batch=batch, row=row, seed=seed, step=step, violations=violations
         )
+        if checks_inputs:
+            violations += _write_check_rows(batch=batch, row=row, step=step)
     append_rows(state=state, rows=violations)
     add_counter(state, COUNTER_KERNEL_RUNS + _PRE, 1)
     add_counter(state, COUNTER_KERNEL_RUNS + _WRITE, 1)
@@ -168,6 +177,8 @@ def launch_post_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> 
         verified += _verify_row(
             state=state, batch=batch, row=row, phase=_POST, step=step, violations=violations
         )
+        if batch.layout is BatchLayout.EXTEND:
+            violations += _write_check_rows(batch=batch, row=row, step=step)
         violations += _post_owner_rows(state=state, row=row, step=step)
     append_rows(state=state, rows=violations)
     add_counter(state, COUNTER_KERNEL_RUNS + _POST, 1)
@@ -314,14 +325,8 @@ def _write_row(
     step: int,
     violations: list[list[int]],
 ) -> int:
-    """Write one row's records, check its inputs and ownership; return the slots written."""
-    k = torch.arange(row.count, dtype=torch.int64, device=state.device)
-    index = row.first + k
-    inside = (index >= 0) & (index < batch.num_tokens)
-    k, index = k[inside], index[inside]
-    tokens = batch.input_ids[index].to(torch.int64) & TOKEN_MASK
-    positions = batch.positions[index].to(torch.int64)
-    slots = batch.out_cache_loc[index].to(torch.int64)
+    """Write one row's records, check and advance its ownership; return the slots written."""
+    _, tokens, positions, slots = _written_tokens(batch=batch, row=row)
     terms = chain_term_torch(tokens, positions)
     chains = seed.chain + torch.cumsum(terms, dim=0) - terms
 
@@ -337,6 +342,32 @@ def _write_row(
     )
     state.records[slots[storable]] = new_records[storable]
 
+    if row.count >= 1:
+        violations += _pre_owner(state=state, row=row, seed=seed, total=int(terms.sum()),
+                                 step=step)
+    return int((slots != 0).sum())
+
+
+def _written_tokens(
+    *, batch: CanaryBatchView, row: LiveRow
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The row's tokens inside the forward: their index ``k`` within the row, their tokens (low
+    32 bits), positions and slots (int64 each)."""
+    k = torch.arange(row.count, dtype=torch.int64, device=batch.device)
+    index = row.first + k
+    inside = (index >= 0) & (index < batch.num_tokens)
+    k, index = k[inside], index[inside]
+    tokens = batch.input_ids[index].to(torch.int64) & TOKEN_MASK
+    positions = batch.positions[index].to(torch.int64)
+    slots = batch.out_cache_loc[index].to(torch.int64)
+    return k, tokens, positions, slots
+
+
+def _write_check_rows(*, batch: CanaryBatchView, row: LiveRow, step: int) -> list[list[int]]:
+    """The ``WRITE`` rows of one row's written tokens (position, write-input expectations,
+    unmapped slot)."""
+    k, tokens, positions, slots = _written_tokens(batch=batch, row=row)
+    index = row.first + k
     expected_position = row.prefix + k
     position_bad = positions != expected_position
     reported_position = expected_position
@@ -362,7 +393,7 @@ def _write_row(
         token_bad = (expected_token != NO_EXPECTED_TOKEN) & (tokens != expected_token)
         reasons |= token_bad * int(Reason.WRITE_TOKEN)
     reasons |= (slots == 0) * int(Reason.WRITE_UNMAPPED)
-    violations += failing_rows(
+    return failing_rows(
         reasons=reasons,
         columns=[
             int(_WRITE), reasons, row.rp, slots, expected_position, tokens, expected_token,
@@ -370,10 +401,6 @@ def _write_row(
         ],
     )
 
-    if row.count >= 1:
-        violations += _pre_owner(state=state, row=row, seed=seed, total=int(terms.sum()),
-                                 step=step)
-    return int((slots != 0).sum())
 
 
 def _pre_owner(

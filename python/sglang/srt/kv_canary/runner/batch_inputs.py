@@ -16,6 +16,7 @@ reuses).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,19 +46,19 @@ class CanaryBatchInputs:
         rids_int / bootstrap_room_ids_int: int64 ``[rows]`` device tensors (token oracle).
         row_updates: host bookkeeping of the batch's request rows and the packed host data
             (token-history tokens, owner chain values) to upload before the forward.
-        extend_expectations: int64 ``[2, num_tokens]`` device tensor, the expected token
-            and position of each token (write-input assert, EXTEND / MIXED batches; see
-            :func:`~sglang.srt.kv_canary.token_history.write_expectations.extend_expectations_on_host`).
         sampled_rows: the rows' rids and sampled positions (the next-token-swap log line; only
             when that fault is configured).
+        extend_reqs: the batch's requests, one per row (``ModelWorkerBatch.reqs``), kept for an
+            EXTEND / MIXED batch's write-input expectations, which the runner builds once the
+            model is enqueued.
     """
 
     runner: CanaryRunner
     rids_int: torch.Tensor | None = None
     bootstrap_room_ids_int: torch.Tensor | None = None
     row_updates: RowUpdates | None = None
-    extend_expectations: torch.Tensor | None = None
     sampled_rows: SampledRows | None = None
+    extend_reqs: Sequence[Any] | None = None
 
     def replace(self, **changes: Any) -> CanaryBatchInputs:
         return dataclasses.replace(self, **changes)

@@ -115,6 +115,7 @@ from sglang.srt.kv_canary.runner.sweep import RadixSweep, unsupported_sweep_cach
 from sglang.srt.kv_canary.token_history.history import TokenHistory
 from sglang.srt.kv_canary.token_history.write_expectations import (
     WriteExpectations,
+    expectations_built_on_host,
     extend_expectations_on_host,
     write_input_assert_applies,
 )
@@ -141,7 +142,6 @@ RUNNER_ATTRIBUTE = "kv_canary"  # attribute of a ModelRunner
 DRAFT_LINE_SUFFIX = " pool=draft"  # ends the EAGLE draft canary's violation / health / stats lines
 _ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
 _EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
-_EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
 _T = TypeVar("_T")
 
 
@@ -581,9 +581,8 @@ class CanaryRunner:
                 f"KV canary: the batch has {rows} rows but {count} requests "
                 "(ModelWorkerBatch.reqs); the canary needs one request per row"
             )
-        mode = forward_batch.forward_mode
         kind = forward_kind(forward_batch) if self.request_rows is not None else None
-        rids_int = rooms = sampled_rows = extend_expectations = None
+        rids_int = rooms = sampled_rows = None
         if self.config.enable_token_oracle:
             rids_int, rooms = self._batch_ids.tensors_for_requests(reqs)
             if self._logs_sampled_rows and forward_batch.sampling_info is not None:
@@ -598,21 +597,18 @@ class CanaryRunner:
                 seq_lens=forward_batch.seq_lens_cpu.tolist(),
                 # EXTEND / MIXED forwards run eagerly: their post launch comes after the model
                 # is enqueued, so new owners' tokens are read while the device runs the model
+                # (and, write-input assert on, the expectations built: launch_after_model)
                 defer_new_owners=kind is ForwardKind.EXTEND,
-                # the write-input expectations read a fresh prompt's tokens anyway: one read
-                read_uncached=self.write_expectations is not None,
-            )
-        if self.write_expectations is not None and mode in _EXTEND_MODES:
-            extend_expectations = self._extend_expectations(
-                reqs=reqs, forward_batch=forward_batch, row_updates=row_updates
             )
         inputs = CanaryBatchInputs(
             runner=self,
             rids_int=rids_int,
             bootstrap_room_ids_int=rooms,
             row_updates=row_updates,
-            extend_expectations=extend_expectations,
             sampled_rows=sampled_rows,
+            extend_reqs=reqs
+            if self.write_expectations is not None and expectations_built_on_host(forward_batch)
+            else None,
         )
         attach_batch_inputs(forward_batch, inputs)
         if forward_batch.sampling_info is not None:
@@ -908,13 +904,27 @@ class CanaryRunner:
 
     def launch_after_model(self, view: CanaryBatchView, *, forward_batch: ForwardBatch) -> None:
         """The model forward is enqueued: send the admissions deferred by this batch's
-        :meth:`on_init_new` (eager forwards only; the host reads their tokens while the device
-        runs the model), then launch the post-forward kernel on the view the pre launch used."""
+        :meth:`on_init_new` and, write-input assert on, an EXTEND / MIXED batch's expectations
+        (eager forwards only; the host reads the requests' tokens while the device runs the
+        model), then launch the post-forward kernel on the view the pre launch used (with those
+        expectations: the post launch checks an EXTEND layout's written inputs)."""
         if not _capturing(self._device):
             inputs = batch_inputs_of(forward_batch)
             updates = None if inputs is None else inputs.row_updates
+            admitted = None
             if updates is not None and updates.deferred:
-                self._apply_row_updates(self.request_rows.prepare_deferred(updates.deferred))
+                admitted = self.request_rows.prepare_deferred(updates.deferred)
+                self._apply_row_updates(admitted)
+            if self._expects_on_host(forward_batch, inputs=inputs):
+                tokens, positions = self.write_expectations.compute(
+                    forward_batch=forward_batch,
+                    extend_expectations=self._extend_expectations(
+                        forward_batch=forward_batch, admitted=admitted
+                    ),
+                )
+                view = dataclasses.replace(
+                    view, expected_input_ids=tokens, expected_positions=positions
+                )
         self._kernels.post_forward(state=self._state_for(forward_kind(forward_batch)), batch=view)
 
     def _state_for(self, kind: ForwardKind | None) -> CanaryDeviceState:
@@ -1037,15 +1047,22 @@ class CanaryRunner:
         self.request_rows.commit(updates)
 
     def _extend_expectations(
-        self, *, reqs: Any, forward_batch: ForwardBatch, row_updates: RowUpdates | None
+        self, *, forward_batch: ForwardBatch, admitted: RowUpdates | None
     ) -> torch.Tensor:
         """Device int64 ``[2, num_tokens]``: the write-input assert's expected token and
         position of every token of an EXTEND / MIXED batch, built on the host
         (:func:`extend_expectations_on_host`; the prompt tokens of a row whose whole history
-        ``row_updates`` already read come from that array) and sent with one non-blocking copy.
-        The assert compares prompt tokens with these, so it needs no token history on the device
-        (a deferred admission's history arrives after the pre launch)."""
-        early = dict(row_updates.read_whole) if row_updates is not None else {}
+        ``admitted``, the deferred admissions just sent, read come from that array) and sent
+        with one non-blocking copy. Called after the model is enqueued: the post launch
+        compares the prompt tokens with these."""
+        inputs = batch_inputs_of(forward_batch)
+        reqs = None if inputs is None else inputs.extend_reqs
+        if reqs is None:
+            raise RuntimeError(
+                "KV canary write-input assert: this EXTEND/MIXED ForwardBatch carries no "
+                "requests; the ForwardBatch.init_new hook did not run for it"
+            )
+        read = dict(admitted.read_whole) if admitted is not None else {}
         pin = self._device.type == "cuda"
         host = extend_expectations_on_host(
             reqs=reqs,
@@ -1054,13 +1071,28 @@ class CanaryRunner:
             num_tokens=forward_batch.input_ids.shape[0],
             oracle=self.oracle.oracle,
             pin_memory=pin,
-            prompt_sources=[early.get(req.req_pool_idx, req.origin_input_ids) for req in reqs]
-            if early else None,
+            prompt_sources=[read.get(req.req_pool_idx, req.origin_input_ids) for req in reqs]
+            if read else None,
         )
         return host.to(self._device, non_blocking=pin)
 
+    def _expects_on_host(
+        self, forward_batch: ForwardBatch, *, inputs: CanaryBatchInputs | None
+    ) -> bool:
+        """Whether this eager forward's write-input expectations are built on the host (an
+        EXTEND / MIXED batch, write-input assert on) and so go to the post launch only."""
+        if self.write_expectations is None or not expectations_built_on_host(forward_batch):
+            return False
+        if not write_input_assert_applies(forward_batch):
+            return False
+        # SGLang's own start-up forwards (ModelRunner._dummy_run for kernel autotuning) are
+        # built without init_new: no requests, padding rows only.
+        return inputs is not None or self._serving
+
     def _token_check_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
-        """The token-check fields of the batch view (history, write-input expectations)."""
+        """The token-check fields of the pre launch's batch view (history; the write-input
+        expectations the forward computes on the device: an EXTEND / MIXED batch's are built
+        on the host while the model runs, :meth:`launch_after_model`)."""
         if self.token_history is None:
             return {}
         fields: dict[str, Any] = {
@@ -1070,6 +1102,8 @@ class CanaryRunner:
         }
         if self.write_expectations is None or not write_input_assert_applies(forward_batch):
             return fields
+        if expectations_built_on_host(forward_batch):
+            return fields
         inputs = batch_inputs_of(forward_batch)
         if (inputs is None or inputs.rids_int is None) and not self._serving and not _capturing(
             self._device
@@ -1077,10 +1111,7 @@ class CanaryRunner:
             # SGLang's own start-up forwards (ModelRunner._dummy_run for kernel autotuning) are
             # built without init_new: no request ids, padding rows only.
             return fields
-        tokens, positions = self.write_expectations.compute(
-            forward_batch=forward_batch,
-            extend_expectations=None if inputs is None else inputs.extend_expectations,
-        )
+        tokens, positions = self.write_expectations.compute(forward_batch=forward_batch)
         fields["expected_input_ids"] = tokens
         fields["expected_positions"] = positions
         return fields

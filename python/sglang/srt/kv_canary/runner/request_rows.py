@@ -26,14 +26,11 @@ then reads the request's tokens while the device runs the model forward (the run
 after enqueuing the model, before the post launch): the whole history, and the owner chain of
 the prefix, which the admission launch (:mod:`sglang.jit_kernel.kv_canary.admission_owner`)
 checks exactly as the pre launch would have (same violation row) before the post launch runs.
-A row with no cached prefix needs no deferral when there is nothing to read after the model is
-enqueued: its owner chain is the anchor (the chain of no tokens), and its history is either not
-kept (owner chains only) or read before the forward anyway, because this forward writes it whole
-and the caller reads its prompt (the write-input assert's expectations,
-``prepare(read_uncached=True)``). Such a row goes into the forward's own upload, whole, as in a
-forward that defers nothing, and its history array is handed to the caller
-(``RowUpdates.read_whole``), so the tokens are read once and the forward needs no second upload
-and no admission launch (a fresh prompt's prefill, the path to its first token).
+A row with no cached prefix and no token history kept (owner chains only) is not deferred: there
+is nothing to read, its owner chain is the anchor (the chain of no tokens). The deferred
+admissions' whole histories are handed to the caller (``RowUpdates.read_whole``), so the
+write-input assert's expectations, built after the model is enqueued too, read the prompts
+once. A deferred row without a cached prefix needs no admission check (its seed is the anchor).
 
 An owner is the request object (held by weak reference and compared by identity: a new object
 at a recycled address, or one equal by value, is a new owner) plus its retraction count and the
@@ -181,8 +178,8 @@ class RowUpdates:
     commit_history_lens: tuple[int, ...]
     unknown_owner_rows: int  # rows whose owner chain the host could not compute
     deferred: tuple[DeferredAdmission, ...] = ()
-    # (row, whole history) of each new owner this forward writes whole, read at prepare because
-    # the caller reads its prompt anyway (``prepare(read_uncached=True)``); not compared
+    # (row, whole history) of each deferred admission (``prepare_deferred``, token history on),
+    # for the caller's own reads of the same tokens; not compared
     read_whole: tuple[tuple[int, np.ndarray], ...] = field(default=(), compare=False, repr=False)
     # the batch as the device knows it once these updates are committed (None: not steady)
     steady_after: _SteadyBatch | None = None
@@ -408,7 +405,6 @@ class RequestRows:
         prefix_lens: Sequence[int] | Callable[[], Sequence[int]],
         seq_lens: Sequence[int],
         defer_new_owners: bool = False,
-        read_uncached: bool = False,
     ) -> RowUpdates:
         """Pack what one forward over ``reqs`` must upload (host only, never touches a device).
 
@@ -420,13 +416,8 @@ class RequestRows:
             defer_new_owners: leave the tokens and chains of rows with a new owner to
                 :meth:`prepare_deferred` (see the module docstring; incremental mode only, and
                 only for a forward whose post launch runs eagerly after the caller can send them),
-                except a row without a cached prefix that has nothing left to read (no token
-                history, or ``read_uncached``).
-            read_uncached: with ``defer_new_owners`` and the token history on, the caller reads
-                the prompt of every row this forward writes whole (no cached prefix, ``seq_len``
-                covering its history) before the forward anyway: such a row with a new owner is
-                not deferred; its history is read now, sent with this forward's upload and
-                handed over in ``RowUpdates.read_whole``.
+                except a row without a cached prefix that has nothing to read (no token
+                history).
         Raises:
             ValueError: a request has no ``req_pool_idx``, or the lengths differ.
         """
@@ -451,12 +442,11 @@ class RequestRows:
         owner_rows: list[int] = []
         owner_values: list[int] = []
         deferred: list[DeferredAdmission] = []
-        read_whole: list[tuple[int, np.ndarray]] = []
         unknown = 0
         history_changed = False  # any row whose history (or known length) this upload changes
         defer = defer_new_owners and self._incremental
         # a row with no cached prefix is not deferred when nothing would be read later
-        undefer_fresh = defer and (read_uncached or not self.keeps_token_history)
+        undefer_fresh = defer and not self.keeps_token_history
         incremental = self._incremental
         skip = self.history_offset
         keeps_history = self.keeps_token_history
@@ -484,10 +474,7 @@ class RequestRows:
             num_origin = len(origin)
             # the row's history is the request's tokens from index `skip` on
             history_len = max(num_origin + len(output) - skip, 0)
-            if defer and new_owner and not (
-                undefer_fresh and prefix_len == 0
-                and (not keeps_history or seq_len >= history_len)
-            ):
+            if defer and new_owner and not (undefer_fresh and prefix_len == 0):
                 # the device forgets the row's previous owner now; its own tokens come later
                 deferred.append(DeferredAdmission(
                     row=row, request=req, owner=owner, prefix_len=int(prefix_len),
@@ -515,8 +502,6 @@ class RequestRows:
                         history_chunks.append(tails)
                         tails = []
                     history_chunks.append(whole_history)
-                    if defer and new_owner:  # a fresh row kept out of the deferral
-                        read_whole.append((row, whole_history))
                 elif first >= num_origin:
                     tails += output[first - num_origin :]
                 else:
@@ -553,7 +538,6 @@ class RequestRows:
             commit_history_lens=tuple(history_lens[index] for index in committed),
             unknown_owner_rows=unknown,
             deferred=tuple(deferred),
-            read_whole=tuple(read_whole),
             steady_after=_SteadyBatch.of(reqs, skip=skip)
             if self._steady_batches and not deferred and reqs
             else None,
@@ -668,8 +652,9 @@ class RequestRows:
         """Pack what the admissions :meth:`prepare` deferred need: each row's whole history
         (token history on) and the owner chain of its prefix (owner chains on, for a row that
         writes this forward; none when the request has fewer tokens than its prefix, which the
-        device then keeps as adopted). Reads each request's token lists once; host only. Commit
-        it once uploaded."""
+        device then keeps as adopted; none for a row without a cached prefix, whose seed is the
+        anchor). Reads each request's token lists once (token history on: handed over in
+        ``read_whole``); host only. Commit it once uploaded."""
         rows: list[int] = []
         history_lens: list[int] = []
         chunks: list[list[int] | np.ndarray] = []
@@ -686,7 +671,7 @@ class RequestRows:
             rows.append(admission.row)
             history_lens.append(history_len)
             chunks.append(tokens)
-            if not (self.keeps_owner_chains and admission.writes):
+            if not (self.keeps_owner_chains and admission.writes) or admission.prefix_len == 0:
                 continue
             if admission.prefix_len > history_len:
                 unknown += 1
@@ -707,6 +692,7 @@ class RequestRows:
             commit_owners=tuple(admission.owner for admission in deferred),
             commit_history_lens=tuple(history_lens),
             unknown_owner_rows=unknown,
+            read_whole=tuple(zip(rows, chunks)) if self.keeps_token_history else (),
         )
 
     def commit(self, updates: RowUpdates) -> None:

@@ -5,12 +5,12 @@
   :class:`~sglang.srt.kv_canary.token_oracle.manager.ExpectedInputs`: for decode rows the
   oracle's token at the row's position (from the graph-resident request ids inside a captured
   graph);
-* EXTEND / MIXED forwards (eager, never captured): built on the host at ``ForwardBatch.init_new``
-  by :func:`extend_expectations_on_host` from the scheduler's own lists and sent with one
-  copy: each token's position (``extend_prefix_lens[r] + j``), and for a prompt position the
-  request's own token from its ``origin_input_ids`` (so extend rows are checked against the
-  request, not against themselves, also in a request's first forward, before its token history
-  reaches the device), for a *generated* position (>= the prompt length: the decode rows of a
+* EXTEND / MIXED forwards (eager, never captured): built on the host once the model forward is
+  enqueued (the post launch checks an EXTEND layout's written inputs, so they are off the path
+  to the first token) by :func:`extend_expectations_on_host` from the scheduler's own lists and
+  sent with one copy: each token's position (``extend_prefix_lens[r] + j``), and for a prompt
+  position the request's own token from its ``origin_input_ids`` (so extend rows are checked
+  against the request, not against themselves), for a *generated* position (>= the prompt length: the decode rows of a
   MIXED batch, the outputs of a retracted request prefilled again) the oracle's token. Building
   them on the host replaced about forty small eager torch ops per extend forward (0.86 ms of
   host time per forward on the H200 host, ``benchmark/results/2026-11-27-h200-tiny-pinned.txt``).
@@ -98,6 +98,14 @@ def extend_expectations_on_host(
     return host
 
 
+def expectations_built_on_host(forward_batch: ForwardBatch) -> bool:
+    """Whether ``forward_batch``'s expectations come from :func:`extend_expectations_on_host`
+    (an EXTEND / MIXED batch; a decode batch that DP-attention padding turned into EXTEND after
+    ``init_new`` keeps its original mode's, computed in the forward)."""
+    mode = getattr(forward_batch, "_original_forward_mode", None) or forward_batch.forward_mode
+    return mode in _EXTEND_MODES
+
+
 def write_input_assert_applies(forward_batch: ForwardBatch) -> bool:
     """False for EAGLE draft-decode forwards, True for every other forward."""
     spec_info = forward_batch.spec_info
@@ -156,19 +164,16 @@ class WriteExpectations:
                 an EXTEND / MIXED batch carries no expectations, or not one per token.
         """
         num_tokens = forward_batch.input_ids.shape[0]
-        # as fill_expected_inputs: a decode batch that DP-attention padding turned into EXTEND
-        # (after init_new) keeps its original mode's expectations
-        mode = getattr(forward_batch, "_original_forward_mode", None) or forward_batch.forward_mode
-        if mode in _EXTEND_MODES:
+        if expectations_built_on_host(forward_batch):
             if extend_expectations is None:
                 raise RuntimeError(
                     "KV canary write-input assert: this EXTEND/MIXED ForwardBatch carries no "
-                    "expectations; the ForwardBatch.init_new hook did not run for it"
+                    "expectations"
                 )
             if extend_expectations.shape[1] != num_tokens:
                 raise RuntimeError(
                     f"KV canary write-input assert: this EXTEND/MIXED ForwardBatch has {num_tokens} "
-                    f"tokens but ForwardBatch.init_new saw {extend_expectations.shape[1]}"
+                    f"tokens but its expectations cover {extend_expectations.shape[1]}"
                 )
             return extend_expectations[0], extend_expectations[1]
         expected = self._buffer_for(num_tokens)
