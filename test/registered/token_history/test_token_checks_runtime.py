@@ -317,6 +317,42 @@ def test_run_forward_refreshes_the_history_before_the_forward() -> None:
     assert post_saw[-1][chunked.req_pool_idx] == 8
 
 
+def test_an_extend_forwards_expectations_reach_the_post_launch_only() -> None:
+    """An eager EXTEND / MIXED forward: the pre launch's view carries no write-input
+    expectations (the pre launch does not check an extend layout's inputs); they are built once
+    the model forward is enqueued and go to the post launch, which compares them. A decode
+    forward's (computed in the forward) go to the pre launch."""
+    server, runner = token_check_server(token_config())
+    events = []
+    wrapper = server.runner.model.forward
+    model_forward = wrapper.original
+
+    def recording_model_forward(input_ids, positions, forward_batch):
+        events.append("model")
+        return model_forward(input_ids, positions, forward_batch)
+
+    def launch(name, kernel):
+        def recorded(*, state, batch):
+            events.append((name, None if batch.expected_input_ids is None
+                           else batch.expected_input_ids.tolist()))
+            kernel(state=state, batch=batch)
+        return recorded
+
+    wrapper.original = recording_model_forward
+    runner._kernels = dataclasses.replace(
+        runner._kernels, pre_forward=launch("pre", runner._kernels.pre_forward),
+        post_forward=launch("post", runner._kernels.post_forward))
+    a, b = _request(server, "a", _prompt(3, 4)), _request(server, "b", _prompt(4, 6))
+    server.extend([(a, 4)])
+    assert events == [("pre", None), "model", ("post", a.tokens[:4])]
+    events.clear()
+    server.extend([(b, 6)], decoding=[a])  # MIXED: a's first output rides along
+    assert events == [("pre", None), "model", ("post", b.tokens[:6] + [a.tokens[4]])]
+    events.clear()
+    server.decode([a, b])
+    assert events[0] == ("pre", [a.tokens[5], b.tokens[6]]) and events[2][0] == "post"
+
+
 def _recording(kernels: CanaryKernels, views: list) -> CanaryKernels:
     """``kernels`` whose pre-forward launch also records the batch view it is given."""
 
