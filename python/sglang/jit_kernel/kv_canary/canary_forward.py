@@ -287,6 +287,18 @@ def _verify_tile(
 
 
 @triton.jit
+def _written_token(input_ids_ptr, positions_ptr, out_cache_loc_ptr, num_tokens, token_index,
+                   lanes_on):
+    """(lanes inside the forward, their tokens' low 32 bits, positions, slots; int64) of the
+    tokens ``token_index`` in ``lanes_on``."""
+    valid = lanes_on & (token_index >= 0) & (token_index < num_tokens)
+    token = tl.load(input_ids_ptr + token_index, mask=valid, other=0).to(tl.int64) & _TOKEN_MASK
+    position = tl.load(positions_ptr + token_index, mask=valid, other=0).to(tl.int64)
+    slot = tl.load(out_cache_loc_ptr + token_index, mask=valid, other=0).to(tl.int64)
+    return valid, token, position, slot
+
+
+@triton.jit
 def _write_lanes(
     rp,
     prefix,
@@ -338,10 +350,9 @@ def _write_lanes(
     seed_packed, seed_chain = load_record_head(records_ptr, num_slots, seed_slot, has_prefix)
     seed = tl.where(has_prefix, successor_chain(seed_packed, seed_chain), CHAIN_ANCHOR_C)
 
-    valid = lanes_on & (token_index >= 0) & (token_index < num_tokens)
-    token = tl.load(input_ids_ptr + token_index, mask=valid, other=0).to(tl.int64) & _TOKEN_MASK
-    position = tl.load(positions_ptr + token_index, mask=valid, other=0).to(tl.int64)
-    slot = tl.load(out_cache_loc_ptr + token_index, mask=valid, other=0).to(tl.int64)
+    valid, token, position, slot = _written_token(
+        input_ids_ptr, positions_ptr, out_cache_loc_ptr, num_tokens, token_index, lanes_on
+    )
     term = tl.where(valid, chain_term(token, position), 0)
     if SCAN:
         chain = seed + earlier_terms + cumsum_1d(term) - term
@@ -446,47 +457,6 @@ def _check_write_inputs(
     ring_append(
         ring_ptr, counters_ptr, ring_capacity, valid & (reasons != 0), _WRITE, reasons, rp, slot,
         expected_position, token, expected_token, position, reported_position, step,
-    )
-
-
-@triton.jit
-def _check_written_inputs(
-    rp,
-    prefix,
-    k,
-    token_index,
-    lanes_on,
-    step,
-    input_ids_ptr,
-    positions_ptr,
-    out_cache_loc_ptr,
-    num_tokens,
-    expected_input_ids_ptr,
-    expected_positions_ptr,
-    history_ptr,
-    history_rows,
-    history_cols,
-    history_stride,
-    history_lens_ptr,
-    ring_ptr,
-    ring_capacity,
-    counters_ptr,
-    HAS_HISTORY: tl.constexpr,
-    HAS_EXPECTED_INPUT_IDS: tl.constexpr,
-    HAS_EXPECTED_POSITIONS: tl.constexpr,
-):
-    """Post launch, EXTEND layout: the write checks of the tokens in ``lanes_on`` (lanes as in
-    :func:`_write_lanes`), from the same batch tensors the pre launch wrote the records from."""
-    valid = lanes_on & (token_index >= 0) & (token_index < num_tokens)
-    token = tl.load(input_ids_ptr + token_index, mask=valid, other=0).to(tl.int64) & _TOKEN_MASK
-    position = tl.load(positions_ptr + token_index, mask=valid, other=0).to(tl.int64)
-    slot = tl.load(out_cache_loc_ptr + token_index, mask=valid, other=0).to(tl.int64)
-    _check_write_inputs(
-        rp, prefix, k, token_index, valid, token, position, slot, step,
-        expected_input_ids_ptr, expected_positions_ptr,
-        history_ptr, history_rows, history_cols, history_stride, history_lens_ptr,
-        ring_ptr, ring_capacity, counters_ptr,
-        HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
     )
 
 
@@ -728,11 +698,14 @@ def _canary_forward_kernel(
                             ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
                             True, False, HAS_HISTORY, False, False,
                         )
-                    else:
-                        _check_written_inputs(
-                            zero + rp, zero + prefix, k, first + k, k < count, step,
-                            input_ids_ptr, positions_ptr, out_cache_loc_ptr, num_tokens,
-                            expected_input_ids_ptr, expected_positions_ptr,
+                    else:  # the same tokens' write checks, after the model
+                        valid, token, position, slot = _written_token(
+                            input_ids_ptr, positions_ptr, out_cache_loc_ptr, num_tokens, first + k,
+                            k < count,
+                        )
+                        _check_write_inputs(
+                            zero + rp, zero + prefix, k, first + k, valid, token, position, slot,
+                            step, expected_input_ids_ptr, expected_positions_ptr,
                             history_ptr, history_rows, history_cols, history_stride,
                             history_lens_ptr, ring_ptr, ring_capacity, counters_ptr,
                             HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
