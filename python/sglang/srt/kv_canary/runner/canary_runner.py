@@ -1085,9 +1085,15 @@ class CanaryRunner:
             return False
         if not write_input_assert_applies(forward_batch):
             return False
-        # SGLang's own start-up forwards (ModelRunner._dummy_run for kernel autotuning) are
-        # built without init_new: no requests, padding rows only.
-        return inputs is not None or self._serving
+        return not self._start_up_forward(inputs)
+
+    def _start_up_forward(self, inputs: CanaryBatchInputs | None) -> bool:
+        """One of SGLang's own start-up forwards (``ModelRunner._dummy_run`` for kernel
+        autotuning), built without ``init_new``: no requests, no request ids, padding rows only;
+        no write-input expectations exist for it."""
+        return (inputs is None or inputs.rids_int is None) and not self._serving and not (
+            _capturing(self._device)
+        )
 
     def _token_check_fields(self, forward_batch: ForwardBatch) -> dict[str, Any]:
         """The token-check fields of the pre launch's batch view (history; the write-input
@@ -1104,12 +1110,7 @@ class CanaryRunner:
             return fields
         if expectations_built_on_host(forward_batch):
             return fields
-        inputs = batch_inputs_of(forward_batch)
-        if (inputs is None or inputs.rids_int is None) and not self._serving and not _capturing(
-            self._device
-        ):
-            # SGLang's own start-up forwards (ModelRunner._dummy_run for kernel autotuning) are
-            # built without init_new: no request ids, padding rows only.
+        if self._start_up_forward(batch_inputs_of(forward_batch)):
             return fields
         tokens, positions = self.write_expectations.compute(forward_batch=forward_batch)
         fields["expected_input_ids"] = tokens
