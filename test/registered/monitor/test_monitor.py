@@ -30,7 +30,11 @@ from sglang.jit_kernel.kv_canary.consts import (
     Reason,
 )
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
-from sglang.srt.kv_canary.monitor.monitor import IDLE_POLL_INTERVAL_S, CanaryMonitor
+from sglang.srt.kv_canary.monitor.monitor import (
+    IDLE_POLL_INTERVAL_S,
+    WHOLE_READ_EVERY_POLLS,
+    CanaryMonitor,
+)
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
 from sglang.srt.kv_canary.monitor.violation_reporter import (
     REPEATS_PREFIX,
@@ -218,9 +222,35 @@ def test_idle_passes_poll_after_a_forward_then_at_most_once_per_interval(caplog)
     _forward(monitor, 2)  # a forward: the next idle pass polls at once
     monitor.poll_idle()
     assert len(reads) == 3
-    monitor.poll()  # a forward's own poll is never paced
+    state.add_violation(position=5, step=1)
+    _forward(monitor, 3)
+    copies.land()
+    monitor.poll()  # a forward's own poll is never paced: the new violation is reported
+    assert len(reads) == 4 and len(find_violation_rows(caplog.text)) == 2
+
+
+def test_polls_read_the_whole_publication_only_when_violations_moved_or_every_few_polls(
+    caplog,
+) -> None:
+    """A forward's poll reads one counter word; it reads the whole publication (checksum, label,
+    snapshot) when that word moved past the newest snapshot's, and every WHOLE_READ_EVERY_POLLS
+    polls, so the snapshots the health check reads stay fresh."""
+    state = _State()
+    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG), seal=_SEAL)
+    reads = []
+    mailbox = monitor._mailbox
+    mailbox.read = (lambda read=mailbox.read: reads.append(1) or read())
+    for step in range(1, 2 * WHOLE_READ_EVERY_POLLS + 1):
+        _forward(monitor, step)
+        monitor.poll()
+    assert len(reads) == 2  # no violation: the periodic whole reads only
+    assert monitor._latest.steps == 2 * WHOLE_READ_EVERY_POLLS
+    state.add_violation(position=7, step=3)
+    _forward(monitor, 2 * WHOLE_READ_EVERY_POLLS + 1)
+    monitor.poll()  # the word moved: read whole and reported at once
+    assert len(reads) == 3 and [r.position for r in find_violation_rows(caplog.text)] == [7]
     monitor.poll()
-    assert len(reads) == 5
+    assert len(reads) == 3
 
 
 def test_ring_overflow_reports_kept_rows_and_the_dropped_count(caplog) -> None:

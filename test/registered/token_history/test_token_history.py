@@ -23,7 +23,6 @@ from sglang.jit_kernel.kv_canary.scatter_req_token_ids import launch_scatter_req
 from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (  # noqa: E402
     scatter_req_token_ids_torch_reference,
 )
-from sglang.srt.kv_canary.monitor.counter_snapshots import HostEvent  # noqa: E402
 from sglang.srt.kv_canary.runner.request_rows import (  # noqa: E402
     UNKNOWN_OWNER_CHAIN,
     RequestRows,
@@ -56,6 +55,13 @@ def _synced(*, incremental: bool, rows: int = 6, width: int = 16,
             append=append_history_ref.launch_append_history_tokens) -> SyncedHistory:
     return SyncedHistory(incremental=incremental, rows=rows, width=width, device=_DEVICE,
                          scatter=scatter, append=append)
+
+
+def _open_ring(*, slots: int, words: int) -> UploadBufferRing:
+    """A ring whose copies (host copies here) count as complete at once."""
+    ring = UploadBufferRing(slots=slots, words=words, pin_memory=False)
+    ring.open(landed=lambda: 1 << 62)
+    return ring
 
 
 def _flat(updates: RowUpdates) -> list[int]:
@@ -507,9 +513,7 @@ def test_steady_batches_upload_exactly_what_the_general_path_uploads(
     sections and public history views must be the general pack's."""
 
     def request_rows(*, steady_batches: bool) -> RequestRows:
-        upload_buffers = UploadBufferRing(
-            slots=4, words=1 << 12, pin_memory=False, new_event=HostEvent
-        ) if ring and steady_batches else None
+        upload_buffers = _open_ring(slots=4, words=1 << 12) if ring and steady_batches else None
         rows = RequestRows(num_rows=10, token_history=token_history, owner_chains=True,
                            pin_memory=False, history_offset=history_offset,
                            upload_buffers=upload_buffers)

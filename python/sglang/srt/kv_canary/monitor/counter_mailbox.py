@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES
+from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES, COUNTER_VIOLATIONS
 from sglang.jit_kernel.kv_canary.hashing import counters_checksum_holds
 from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 
@@ -70,6 +70,18 @@ class CounterMailbox:
         labels.append((publications, steps, launches, sweep_launches))
         if len(labels) > MAX_LABELS:
             labels.popleft()
+
+    def peek_violations(self) -> int:
+        """The violation counter of the host copy as it is now, unchecked: one word, which a
+        landing copy writes whole (an older or a newer publication's count, never a mix). What
+        :meth:`CanaryMonitor.poll` reads when it skips a whole read. Host only, never waits."""
+        return int(self._words[COUNTER_VIOLATIONS])
+
+    def peek_publications(self) -> int:
+        """The number of the newest publication whose copy reached the host copy, unchecked (one
+        word, as :meth:`peek_violations`): every stream operation enqueued before that
+        publication has completed. Host only, never waits."""
+        return int(self._words[COUNTER_PUBLISHES])
 
     def read(self) -> CounterSnapshot | None:
         """The newest publication that arrived since the last read, with its label; None when

@@ -44,6 +44,10 @@ class HealthChecker:
         self._every = every_n_steps
         self._baseline = ZERO_SNAPSHOT
 
+    def due(self, *, steps: int) -> bool:
+        """Whether :meth:`check` runs after ``steps`` forward steps."""
+        return steps % self._every == 0
+
     def check(self, *, steps: int, latest: CounterSnapshot) -> str | None:
         """Run the check when ``steps`` (forward steps completed) is a multiple of the interval.
 
@@ -53,7 +57,7 @@ class HealthChecker:
             CanaryHealthError: a per-forward kernel's run counter differs from the host's launch
                 count, or the counter snapshots stopped arriving.
         """
-        if steps % self._every != 0:
+        if not self.due(steps=steps):
             return None
         lag = steps - latest.steps
         if lag > max(MAX_SNAPSHOT_LAG_STEPS, 2 * self._every):

@@ -1,7 +1,8 @@
 """Host-side watch over the device counters: violations, health and stats, without host syncs.
 
-Per forward step the runtime calls :meth:`CanaryMonitor.poll` before the forward (read the newest
-publication of the counters that arrived, report new violation rows), :meth:`CanaryMonitor.publish`
+Per forward step the runtime calls :meth:`CanaryMonitor.poll` before the forward (report new
+violation rows: the newest publication of the counters that arrived is read whole when its
+violation counter moved, and every few polls), :meth:`CanaryMonitor.publish`
 after the forward's canary launches (eagerly, or captured into its decode graph: see
 :mod:`.counter_mailbox`), and :meth:`CanaryMonitor.after_forward` after it (label the publication
 with the host's counts, run the periodic health check and stats line on the newest snapshot
@@ -29,6 +30,9 @@ from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_INTERVAL_S = 0.001  # idle passes without a forward in between poll at most this often
+# a poll that finds the violation counter unchanged reads the whole publication only this often
+# (the newest snapshot then trails by a few steps: far below health.MAX_SNAPSHOT_LAG_STEPS)
+WHOLE_READ_EVERY_POLLS = 8
 
 
 class CanaryMonitor:
@@ -58,6 +62,8 @@ class CanaryMonitor:
         self._clock = clock
         self._forward_since_idle_poll = False
         self._last_idle_poll = float("-inf")
+        self._polls_since_read = 0  # polls that read only the violation counter (see poll)
+        self._periodic_next = False  # the next step runs the health check or prints stats
 
     def poll_idle(self) -> None:
         """:meth:`poll` from the scheduler's idle loop: at its first pass after a forward, then
@@ -71,19 +77,35 @@ class CanaryMonitor:
             return
         self._forward_since_idle_poll = False
         self._last_idle_poll = now
-        self.poll()
+        self.poll(whole=True)
 
-    def poll(self) -> None:
-        """Read the newest counter publication that arrived and report new violation rows
-        (never waits).
+    def poll(self, *, whole: bool = False) -> None:
+        """Report new violation rows, never waiting: when the host copy's violation counter moved
+        past the newest snapshot's, or on every :data:`WHOLE_READ_EVERY_POLLS`-th poll (or
+        ``whole``, or before a step that runs the health check or prints the stats line), read
+        the newest publication that arrived (checksum, label, snapshot); otherwise only that one
+        counter word. A violation is still reported at the first poll after its publication
+        arrived, and the health check and the stats line read a snapshot as fresh as before.
 
         Raises:
             CanaryViolationError: raise mode and a new violation row arrived.
         """
+        polls = self._polls_since_read + 1
+        if (not whole and polls < WHOLE_READ_EVERY_POLLS and not self._periodic_next
+                and self._mailbox.peek_violations() == self._latest.violations):
+            self._polls_since_read = polls
+            return
+        self._polls_since_read = 0
         snapshot = self._mailbox.read()
         if snapshot is not None:
             self._latest = snapshot
             self._reporter.report(violation_count=snapshot.violations)
+
+    @property
+    def landed_publications(self) -> Callable[[], int]:
+        """The newest counter publication that reached the host, as a function (the mailbox's
+        :meth:`~CounterMailbox.peek_publications`): the upload ring's clock. Never waits."""
+        return self._mailbox.peek_publications
 
     def publish(self) -> None:
         """Publish the counters after a forward's canary launches, on the current stream (eagerly
@@ -113,6 +135,10 @@ class CanaryMonitor:
         if steps == self._last_periodic_step:
             return  # a forward without request rows: nothing new to check or print
         self._last_periodic_step = steps
+        following = steps + 1  # the next poll reads whole before a periodic step
+        self._periodic_next = self._health.due(steps=following) or stats_due(
+            steps=following, every_n_steps=self._stats_every
+        )
         health_line = self._health.check(steps=steps, latest=self._latest)
         if health_line is not None:
             logger.info(health_line + self._suffix)
@@ -124,5 +150,7 @@ class CanaryMonitor:
         just reset and the device synchronized: violation indices start again at 0)."""
         self._mailbox.reset()
         self._latest = ZERO_SNAPSHOT
+        self._polls_since_read = 0
+        self._periodic_next = False
         self._last_periodic_step = 0
         self._reporter.restart()

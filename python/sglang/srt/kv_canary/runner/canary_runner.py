@@ -64,7 +64,6 @@ from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryBatchView, CanaryDev
 from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig, get_active_config
 from sglang.srt.kv_canary.hook_registration import verify_hooks_applied
-from sglang.srt.kv_canary.monitor.counter_snapshots import event_factory_for
 from sglang.srt.kv_canary.monitor.health import CanaryHealthError
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
 from sglang.srt.kv_canary.perturb.injector import FaultInjector, build_fault_injector
@@ -361,7 +360,6 @@ class CanaryRunner:
         pin_memory = self._device.type == "cuda"
         self._upload_buffers = UploadBufferRing(
             slots=UPLOAD_BUFFER_SLOTS, words=UPLOAD_BUFFER_WORDS, pin_memory=pin_memory,
-            new_event=event_factory_for(self._device),
         )
         self.request_rows = RequestRows(
             num_rows=rows, token_history=self.token_history is not None, owner_chains=True,
@@ -547,6 +545,8 @@ class CanaryRunner:
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         self.monitor.discard_pending()
+        # publication numbers agree from here on: they tell when a buffer's copy completed
+        self._upload_buffers.open(landed=self.monitor.landed_publications)
         owned = self.device_bytes()
         reserved = self.fixed_buffers(page_size=self._model_runner.token_to_kv_pool.page_size)
         fixed = sum(owned.values()) - owned["records"]
@@ -1023,8 +1023,10 @@ class CanaryRunner:
                 sections = updates.sections_on(target)
         if updates.upload_buffer is None:
             target.copy_(updates.packed, non_blocking=True)
-        else:
-            self._upload_buffers.copy(updates.upload_buffer, to=target)
+        else:  # this forward's publication follows the copy on this stream
+            self._upload_buffers.copy(
+                updates.upload_buffer, to=target, mark=self._publications + 1
+            )
         _, history, owners, admissions = sections
         rows = updates.segment_sizes[1]  # the seq_lens section's: one word per batch row
         if not in_area:  # (a batch never outnumbers the mirror's rows)

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import struct
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -322,12 +323,17 @@ class _UnitStepLayout:
     segment_sizes: tuple[int, ...]
     words: int
     offsets: list[int]  # the history offsets: one token per row
+    # writes the layout's ``words`` int64 words at the start of a buffer: one C call, about a
+    # third of the time numpy takes to assign a Python list of 64 rows' words
+    writer: struct.Struct
 
     @classmethod
     def of(cls, *, bs: int, owner_chains: bool) -> _UnitStepLayout:
         sizes = _segment_sizes(seq_lens=bs, history=(bs, bs), owners=0 if owner_chains else None,
                                admissions=None)
-        return cls(segment_sizes=sizes, words=sum(sizes), offsets=list(range(bs + 1)))
+        words = sum(sizes)
+        return cls(segment_sizes=sizes, words=words, offsets=list(range(bs + 1)),
+                   writer=struct.Struct(f"={words}q"))
 
 
 def _segment_sizes(
@@ -638,7 +644,7 @@ class RequestRows:
         words += history_lens
         words += layout.offsets
         words += tokens
-        buffer.array[:] = words
+        layout.writer.pack_into(buffer.array, 0, *words)
         updates = RowUpdates(
             packed=buffer.tensor, segment_sizes=layout.segment_sizes, has_history=True,
             has_owners=self.keeps_owner_chains, has_admissions=False, commit_rows=(),

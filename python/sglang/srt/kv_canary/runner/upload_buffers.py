@@ -5,10 +5,23 @@ waiting (pinned memory on CUDA). Allocating that buffer per forward goes through
 caching host allocator, which polls the events of the pinned blocks in flight on every call
 (3-5 us in a quiet process; the whole pack took 50-60 us per forward in a serving process on an
 H100 host). :class:`UploadBufferRing` instead hands out slices of a few preallocated buffers in
-turn. After a
-buffer's copy is enqueued an event is recorded behind it, and the buffer is handed out again
-only once that event completed; an upload that finds the next buffer still in flight, or that
-is larger than a buffer, gets a buffer of its own from the allocator. Nothing ever waits.
+turn, and hands a buffer out again only once its copy has completed. Nothing ever waits: an
+upload that finds the next buffer still in flight, or that is larger than a buffer, gets a
+buffer of its own from the allocator.
+
+**Completion without events.** Every forward that uploads publishes the device counters after
+its canary launches, on the same stream (:mod:`sglang.srt.kv_canary.monitor.counter_mailbox`),
+and each publication carries its number, which the host copy of the counters shows as soon as
+it lands. So a copy enqueued while ``n`` publications had been enqueued has completed once the
+host copy shows publication ``n + 1`` or later: the caller passes that number as the copy's
+``mark`` and the ring compares it with ``landed()``, the newest publication number that landed
+(one read of host memory). That replaced an event recorded after every copy and queried before
+every reuse (two CUDA calls per decode step, about 10 us of a serving process's host time on the
+H200 host). It needs the host's and the device's publication numbers to agree, which the runner
+establishes when serving starts (it zeroes both, with the device synchronized) and the health
+check enforces after; so the ring stays closed until :meth:`UploadBufferRing.open` (warm-up and
+capture forwards get buffers of their own). The ring reads ``landed()`` only when the last value
+it read is older than the mark of the slot it is about to reuse.
 
 A buffer taken but never copied (a batch that never runs) is simply reused. A buffer taken and
 then handed out again before its own copy (more than :data:`UPLOAD_BUFFER_SLOTS` packs before
@@ -22,8 +35,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-
-from sglang.srt.kv_canary.monitor.counter_snapshots import CompletionEvent
 
 UPLOAD_BUFFER_SLOTS = 4  # the device trails the scheduler by one or two forwards
 UPLOAD_BUFFER_WORDS = 1 << 14  # int64 words per buffer: a decode step of 256 rows uses ~1.3k
@@ -50,13 +61,9 @@ class UploadBufferRing:
         slots: buffers in the ring.
         words: int64 words per buffer.
         pin_memory: pinned buffers (CUDA).
-        new_event: an event recorded on the current stream after a buffer's copy.
     """
 
-    def __init__(
-        self, *, slots: int, words: int, pin_memory: bool,
-        new_event: Callable[[], CompletionEvent],
-    ) -> None:
+    def __init__(self, *, slots: int, words: int, pin_memory: bool) -> None:
         if slots < 1 or words < 1:
             raise ValueError(f"slots and words must be >= 1, got {slots} and {words}")
         self._pin_memory = pin_memory
@@ -64,14 +71,25 @@ class UploadBufferRing:
             torch.empty((words,), dtype=torch.int64, pin_memory=pin_memory) for _ in range(slots)
         ]
         self._arrays = [buffer.numpy() for buffer in self._buffers]
-        self._events = [new_event() for _ in range(slots)]
-        self._in_flight = [False] * slots  # a copy was enqueued after the slot was handed out
+        self._landed: Callable[[], int] | None = None  # set by open()
+        self._landed_seen = 0  # the newest value it returned (publications only advance)
+        # per slot: the publication that follows its last copy (0: no copy pending)
+        self._marks = [0] * slots
         self._generations = [0] * slots
         self._next = 0
         self._words = words
         # the views handed out, per (slot, start, words): a decode batch takes the same sizes
         # each step (the tensor view and its numpy twin, made once)
         self._views: dict[tuple[int, int, int], tuple[torch.Tensor, np.ndarray]] = {}
+
+    def open(self, *, landed: Callable[[], int]) -> None:
+        """Hand out the ring's buffers from now on: the host's and the device's publication
+        numbers were just zeroed together, with every earlier copy complete (the caller
+        synchronized the device). ``landed()``: the number of the newest counter publication
+        whose host copy has landed (host only, never waits)."""
+        self._marks = [0] * len(self._buffers)
+        self._landed = landed
+        self._landed_seen = 0
 
     @property
     def words(self) -> int:
@@ -80,11 +98,14 @@ class UploadBufferRing:
     def take(self, words: int) -> UploadBuffer:
         """A host buffer of ``words`` int64 words (contents undefined); host only."""
         slot = self._next
-        if words > self._words or (self._in_flight[slot] and not self._events[slot].query()):
+        mark = self._marks[slot]
+        if mark > self._landed_seen and self._landed is not None:
+            self._landed_seen = self._landed()  # read only when the last value is not enough
+        if words > self._words or self._landed is None or mark > self._landed_seen:
             tensor = torch.empty((words,), dtype=torch.int64, pin_memory=self._pin_memory)
             return UploadBuffer(tensor=tensor, array=tensor.numpy())
         self._next = (slot + 1) % len(self._buffers)
-        self._in_flight[slot] = False
+        self._marks[slot] = 0
         generation = self._generations[slot] = self._generations[slot] + 1
         tensor, array = self._view(slot, 0, words)
         return UploadBuffer(tensor=tensor, array=array, slot=slot, generation=generation)
@@ -108,9 +129,11 @@ class UploadBufferRing:
             )
         return views
 
-    def copy(self, buffer: UploadBuffer, *, to: torch.Tensor) -> None:
+    def copy(self, buffer: UploadBuffer, *, to: torch.Tensor, mark: int) -> None:
         """Copy ``buffer`` into ``to`` (same length) on the current stream without waiting, and
-        keep its ring slot until the copy completed.
+        keep its ring slot until the copy completed: until publication ``mark`` has landed
+        (``mark``: one more than the publications enqueued so far; the caller publishes after
+        the copy, on the same stream).
 
         Raises:
             RuntimeError: the slot was handed out again since ``buffer`` was taken (its
@@ -125,5 +148,4 @@ class UploadBufferRing:
             )
         to.copy_(buffer.tensor, non_blocking=True)
         if slot is not None:
-            self._events[slot].record()
-            self._in_flight[slot] = True
+            self._marks[slot] = mark
