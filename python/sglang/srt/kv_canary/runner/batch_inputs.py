@@ -81,6 +81,26 @@ def batch_inputs_of(holder: Any) -> CanaryBatchInputs | None:
     return inputs if isinstance(inputs, CanaryBatchInputs) else None
 
 
+def carried_field(holder: Any, field: str, *, what: str, consequence: str = "") -> Any:
+    """``field`` of ``holder``'s carrier, which the runner needs at this point.
+
+    Args:
+        what: the missing field in words, for the error ("request-row updates").
+        consequence: appended to the error (what would go wrong without it).
+    Raises:
+        RuntimeError: ``holder`` has no carrier, or its ``field`` is None (the
+            ``ForwardBatch.init_new`` hook did not run for the batch).
+    """
+    inputs = batch_inputs_of(holder)
+    value = None if inputs is None else getattr(inputs, field)
+    if value is None:
+        raise RuntimeError(
+            f"KV canary: this {type(holder).__name__} carries no {what}; the "
+            f"ForwardBatch.init_new hook did not run for it{consequence}"
+        )
+    return value
+
+
 def runner_of_batch(holder: Any) -> CanaryRunner:
     """The runner whose ``init_new`` hook built ``holder``'s carrier.
 

@@ -72,6 +72,7 @@ from sglang.srt.kv_canary.runner.batch_inputs import (
     CanaryBatchInputs,
     attach_batch_inputs,
     batch_inputs_of,
+    carried_field,
 )
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state, fingerprinted_layers
 from sglang.srt.kv_canary.runner.graph_buffers import GraphRequestIdBuffers
@@ -976,14 +977,10 @@ class CanaryRunner:
         forward's stream, before the eager forward or the replay reads them)."""
         if self.request_rows is None:
             return
-        inputs = batch_inputs_of(forward_batch)
-        updates = None if inputs is None else inputs.row_updates
-        if updates is None:
-            raise RuntimeError(
-                "KV canary: this ForwardBatch carries no request-row updates; the "
-                "ForwardBatch.init_new hook did not run for it (the token history would be "
-                "stale)"
-            )
+        updates = carried_field(
+            forward_batch, "row_updates", what="request-row updates",
+            consequence=" (the token history would be stale)",
+        )
         if updates is self._last_upload:  # an eager EAGLE draft pass: one batch, several steps
             return
         self._last_upload = updates
@@ -1057,13 +1054,10 @@ class CanaryRunner:
         ``admitted``, the deferred admissions just sent, read come from that array) and sent
         with one non-blocking copy. Called after the model is enqueued: the post launch
         compares the prompt tokens with these."""
-        inputs = batch_inputs_of(forward_batch)
-        reqs = None if inputs is None else inputs.extend_reqs
-        if reqs is None:
-            raise RuntimeError(
-                "KV canary write-input assert: this EXTEND/MIXED ForwardBatch carries no "
-                "requests; the ForwardBatch.init_new hook did not run for it"
-            )
+        reqs = carried_field(
+            forward_batch, "extend_reqs", what="requests for the write-input assert's "
+            "expectations of its EXTEND/MIXED forward",
+        )
         read = dict(admitted.read_whole) if admitted is not None else {}
         pin = self._device.type == "cuda"
         host = extend_expectations_on_host(

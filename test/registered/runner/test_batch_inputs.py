@@ -1,0 +1,41 @@
+"""The per-batch carrier: a field the runner needs is read from it, or a batch without it is
+refused with an error naming what is missing and the hook that sets it."""
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from sglang.srt.kv_canary.runner.batch_inputs import (
+    CanaryBatchInputs,
+    attach_batch_inputs,
+    carried_field,
+)
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=1, suite="kv-canary-cpu")
+
+
+def test_a_carried_field_is_returned() -> None:
+    batch = SimpleNamespace()
+    reqs = ["a", "b"]
+    attach_batch_inputs(batch, CanaryBatchInputs(runner=None, extend_reqs=reqs))
+    assert carried_field(batch, "extend_reqs", what="requests") is reqs
+
+
+@pytest.mark.parametrize("carrier", [False, True])
+def test_a_missing_carrier_or_field_names_what_and_the_hook(carrier: bool) -> None:
+    batch = SimpleNamespace()
+    if carrier:  # a carrier without the field
+        attach_batch_inputs(batch, CanaryBatchInputs(runner=None))
+    with pytest.raises(RuntimeError) as error:
+        carried_field(batch, "row_updates", what="request-row updates",
+                      consequence=" (the token history would be stale)")
+    assert str(error.value) == (
+        "KV canary: this SimpleNamespace carries no request-row updates; the "
+        "ForwardBatch.init_new hook did not run for it (the token history would be stale)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
