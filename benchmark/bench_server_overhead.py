@@ -77,6 +77,11 @@ them after its warm-up rounds (an 8b ``off`` server's TTFT read 40.6 ±24 % ms w
 ones read 25 ms): ``--warm-start`` first runs every workload's warm-up round on a throwaway
 server of the first configuration (printed, not reported).
 
+``--together MODELS`` starts all servers of those models at once and measures them
+interleaved, round by round (:func:`measure_together`): for the tiny model, whose servers fit
+the GPU together. All of them start in the time of one, and every configuration is measured
+over the same minutes.
+
 On one H200 an 8b server with every workload takes about 3.5 minutes (a tiny one about 1), so
 the default budget measures ``off`` and ``all-checks`` of the 8b model, and every tiny
 server. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
@@ -85,6 +90,7 @@ server. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary insta
         [--workloads decode64,prefill64x512,...] [--repeats 3] [--out FILE.json]
         [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first] [--cycles N]
         [--pin-scheduler] [--host-timers N] [--eagle-steps N] [--warm-start]
+        [--together tiny]
 
     # the whole 8b table, nine servers (about 35 minutes)
     python benchmark/bench_server_overhead.py --models 8b --time-budget-s 2400 \
@@ -110,6 +116,7 @@ noise, the target verdicts and notes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -120,13 +127,14 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from sglang.srt.kv_canary.tools.canary_log import parse_canary_log
 from sglang.srt.kv_canary.tools.server import (
     TINY_MODEL_SERVER_ARGS,
+    RunningServer,
     ServerLaunch,
     ServerStartError,
     start_server,
@@ -134,7 +142,13 @@ from sglang.srt.kv_canary.tools.server import (
 from sglang.srt.kv_canary.tools.tiny_model import make_tiny_eagle_draft, make_tiny_model
 
 # Sibling modules (this directory is on sys.path when the script runs).
-from cpu_pinning import SCHEDULER_TITLE, PinningPlan, pin_server, plan_pinning
+from cpu_pinning import (
+    SCHEDULER_TITLE,
+    PinningPlan,
+    pin_server,
+    plan_pinning,
+    plan_pinning_apart,
+)
 from server_overhead_table import (
     MEASURED,
     NOISE_NOTE,
@@ -533,31 +547,22 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
     """
     started = time.monotonic()
     ready_timeout_s = max(min(READY_TIMEOUT_S, deadline.remaining_s()), 1.0)
-    base_args, args = launch_args(model=model, config=config)
-    launch = ServerLaunch(
-        model_dir=model_dir, log_path=log_dir / _log_name(model=model, config=config, run=run),
-        env=config.env, base_args=base_args, args=args, ready_timeout_s=ready_timeout_s,
-        inherit_canary_env=False, server_module=server_module,
-    )
+    launch = _server_launch(model=model, model_dir=model_dir, config=config, run=run,
+                            log_dir=log_dir, ready_timeout_s=ready_timeout_s,
+                            server_module=server_module)
     results: dict[str, WorkloadResult] = {}
     with start_server(launch) as server:
         command = tuple(launch.command(port=server.port))
         try:
             startup_s = server.wait_ready()
         except ServerStartError as error:
-            if server.returncode is None:
-                status = f"failed: not ready within {ready_timeout_s:.0f} s"
-            else:
-                status = "refused: " + refusal_reason(log_text=server.log_text(),
-                                                      fallback=str(error))
-            return ConfigResult(config=config.name, run=run, status=status, command=command,
-                                log_path=str(launch.log_path),
+            return ConfigResult(config=config.name, run=run,
+                                status=_start_failure(server, error=error,
+                                                      ready_timeout_s=ready_timeout_s),
+                                command=command, log_path=str(launch.log_path),
                                 duration_s=time.monotonic() - started)
         limits = read_pool_limits(server.log_text())
-        placement = "not pinned"
-        if pinning is not None:
-            placement = (pinning.describe() if pin_server(pids=server.live_pids(), plan=pinning)
-                         else f"not pinned: no {SCHEDULER_TITLE} process found")
+        placement = "not pinned" if pinning is None else _pin(server, pinning)
         status = MEASURED
         try:
             for workload in workloads:
@@ -590,6 +595,196 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                         max_running_requests=limits.max_running_requests, placement=placement)
 
 
+def _server_launch(*, model: ModelShape, model_dir: pathlib.Path, config: ServerConfig, run: int,
+                   log_dir: pathlib.Path, ready_timeout_s: float,
+                   server_module: str) -> ServerLaunch:
+    """How one server of ``config`` is launched (its log named after the model, config, run)."""
+    base_args, args = launch_args(model=model, config=config)
+    return ServerLaunch(
+        model_dir=model_dir, log_path=log_dir / _log_name(model=model, config=config, run=run),
+        env=config.env, base_args=base_args, args=args, ready_timeout_s=ready_timeout_s,
+        inherit_canary_env=False, server_module=server_module,
+    )
+
+
+def _start_failure(server: RunningServer, *, error: ServerStartError,
+                   ready_timeout_s: float) -> str:
+    """The status of a server that did not become ready."""
+    if server.returncode is None:
+        return f"failed: not ready within {ready_timeout_s:.0f} s"
+    return "refused: " + refusal_reason(log_text=server.log_text(), fallback=str(error))
+
+
+def _pin(server: RunningServer, plan: PinningPlan) -> str:
+    """Pin a ready server as ``plan`` says; where its processes run, in words."""
+    if pin_server(pids=server.live_pids(), plan=plan):
+        return plan.describe()
+    return f"not pinned: no {SCHEDULER_TITLE} process found"
+
+
+@dataclass(slots=True, kw_only=True)
+class _TogetherServer:
+    """One server of :func:`measure_together` while it runs (mutable bookkeeping)."""
+
+    config: ServerConfig
+    run: int
+    launch: ServerLaunch
+    server: RunningServer
+    status: str = MEASURED
+    startup_s: float = 0.0
+    limits: PoolLimits | None = None
+    placement: str = "not pinned"
+    results: dict[str, WorkloadResult] = dataclasses.field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return self.status == MEASURED or self.status.startswith("partial")
+
+    def fail(self, error: RuntimeError) -> None:
+        self.status = f"failed: {str(error).splitlines()[0][:_REASON_CHARS]}"
+
+
+def measure_together(*, model: ModelShape, model_dir: pathlib.Path,
+                     plan: Sequence[tuple[ServerConfig, int]], workloads: Sequence[Workload],
+                     repeats: int, deadline: Deadline, log_dir: pathlib.Path,
+                     round_runner: RoundRunner = run_round,
+                     server_module: str = "sglang.launch_server",
+                     pinnings: Sequence[PinningPlan] | None = None) -> list[ConfigResult]:
+    """Start every server of ``plan`` (configuration, run) at once, measure them interleaved,
+    stop them all; one result per server, in ``plan`` order.
+
+    Per workload: a warm-up round on each server, then measured round 1 on each server, round 2
+    on each, and so on, the servers' order rotated by one from round to round. Every
+    configuration is then measured over the same minutes, so a slow spell of the machine falls
+    on all of them; what stays is each process's own speed, which the pairs and the model
+    controls show. A sweep of warm-ups starts only if the model's warm-up estimate times the
+    servers still fits the deadline, a sweep of measured rounds only if the longest sweep so
+    far (at first the model's round estimate times the servers) fits. A server that fails to
+    start, or whose round fails, is reported so and left out of the later rounds.
+    ``pinnings``: one plan per server of ``plan`` (each scheduler on a core of its own).
+
+    Servers share the GPU's memory: only for models whose servers fit it together (the tiny
+    model's take about 2 GB each).
+    """
+    started = time.monotonic()
+    ready_timeout_s = max(min(READY_TIMEOUT_S, deadline.remaining_s()), 1.0)
+    servers: list[_TogetherServer] = []
+    outcome: list[ConfigResult] = []
+    with contextlib.ExitStack() as stack:
+        for config, run in plan:
+            launch = _server_launch(model=model, model_dir=model_dir, config=config, run=run,
+                                    log_dir=log_dir, ready_timeout_s=ready_timeout_s,
+                                    server_module=server_module)
+            servers.append(_TogetherServer(config=config, run=run, launch=launch,
+                                           server=stack.enter_context(start_server(launch))))
+        for index, entry in enumerate(servers):
+            try:
+                entry.startup_s = entry.server.wait_ready()
+            except ServerStartError as error:
+                entry.status = _start_failure(entry.server, error=error,
+                                              ready_timeout_s=ready_timeout_s)
+                continue
+            entry.limits = read_pool_limits(entry.server.log_text())
+            if pinnings is not None:
+                entry.placement = _pin(entry.server, pinnings[index])
+        for workload in workloads:
+            fitting = []
+            for entry in servers:
+                if not entry.live:
+                    continue
+                why = misfit(workload=workload, limits=entry.limits)
+                if why is None:
+                    fitting.append(entry)
+                else:
+                    entry.results[workload.name] = WorkloadResult(workload=workload.name,
+                                                                  status=f"skipped: {why}")
+            _measure_interleaved(fitting, model=model, workload=workload, repeats=repeats,
+                                 deadline=deadline, round_runner=round_runner)
+        for entry in servers:
+            note = server_note(config=entry.config, log_text=entry.server.log_text())
+            outcome.append(ConfigResult(
+                config=entry.config.name, run=entry.run, status=entry.status,
+                workloads=entry.results, server_note=note, startup_s=entry.startup_s,
+                command=tuple(entry.launch.command(port=entry.server.port)),
+                log_path=str(entry.launch.log_path),
+                kv_pool_tokens=None if entry.limits is None else entry.limits.kv_tokens,
+                max_running_requests=None if entry.limits is None
+                else entry.limits.max_running_requests,
+                placement=entry.placement if entry.startup_s else ""))
+    duration_s = time.monotonic() - started
+    return [dataclasses.replace(result, duration_s=duration_s) for result in outcome]
+
+
+def _measure_interleaved(servers: Sequence[_TogetherServer], *, model: ModelShape,
+                         workload: Workload, repeats: int, deadline: Deadline,
+                         round_runner: RoundRunner) -> None:
+    """One workload on ``servers`` as :func:`measure_together` says; sets each one's result."""
+    if not servers:
+        return
+    clock = deadline.clock
+    count = len(servers)
+    warm_up_s = model.warm_up_estimate_s[workload.name] * count
+    if not deadline.allows(warm_up_s):
+        for entry in servers:
+            entry.results[workload.name] = WorkloadResult(
+                workload=workload.name, status=f"skipped: time budget ({warm_up_s:.0f} s "
+                f"needed, {max(deadline.remaining_s(), 0.0):.0f} s left)")
+        return
+    timer_lines_before = {id(entry): len(host_timer_lines(entry.server.log_text()))
+                          for entry in servers}
+    warm_ups: dict[int, tuple[RoundTiming, float]] = {}
+    rounds: dict[int, list[RoundTiming]] = {id(entry): [] for entry in servers}
+    longest: dict[int, float] = {id(entry): 0.0 for entry in servers}
+
+    def run(entry: _TogetherServer, round_index: int) -> tuple[RoundTiming, float] | None:
+        if not entry.live:
+            return None
+        begun = clock()
+        try:
+            timing = round_runner(entry.server, workload=workload, vocab_size=model.vocab_size,
+                                  round_index=round_index,
+                                  timeout_s=entry.launch.request_timeout_s, clock=clock)
+        except RuntimeError as error:  # a StreamError, or the cache flush was refused
+            entry.fail(error)
+            return None
+        return timing, clock() - begun
+
+    for entry in servers:
+        done = run(entry, 0)
+        if done is not None:
+            warm_ups[id(entry)] = done
+    sweep_s = model.round_estimate_s[workload.name] * count
+    swept = 0
+    for round_index in range(1, repeats + 1):
+        if not deadline.allows(sweep_s):
+            break
+        begun = clock()
+        shift = (round_index - 1) % count
+        for entry in [*servers[shift:], *servers[:shift]]:
+            done = run(entry, round_index)
+            if done is not None:
+                rounds[id(entry)].append(done[0])
+                longest[id(entry)] = max(longest[id(entry)], done[1])
+        sweep_s = max(sweep_s if swept else 0.0, clock() - begun)
+        swept += 1
+    for entry in servers:
+        measured = rounds[id(entry)]
+        if len(measured) == repeats:
+            status = MEASURED
+        elif measured:
+            status = f"partial: time budget ({len(measured)} of {repeats} rounds)"
+        else:
+            status = "skipped: time budget (after the warm-up round)"
+        if entry.live and status != MEASURED:
+            entry.status = "partial: time budget"
+        warm_up, warm_up_took = warm_ups.get(id(entry), (None, 0.0))
+        logged = host_timer_lines(entry.server.log_text())[timer_lines_before[id(entry)]:]
+        entry.results[workload.name] = WorkloadResult(
+            workload=workload.name, status=status, rounds=tuple(measured), warm_up=warm_up,
+            warm_up_s=warm_up_took, longest_round_s=longest[id(entry)],
+            host_timers=logged[-1] if logged else "")
+
+
 class MeasureConfig(Protocol):
     """Measures one server as :func:`measure_config` does (a stand-in in tests)."""
 
@@ -599,8 +794,29 @@ class MeasureConfig(Protocol):
                  estimates: Mapping[str, WorkloadEstimate]) -> ConfigResult: ...
 
 
+class MeasureTogether(Protocol):
+    """Measures a model's servers together as :func:`measure_together` does (a stand-in in
+    tests)."""
+
+    def __call__(self, *, model: ModelShape, model_dir: pathlib.Path,
+                 plan: Sequence[tuple[ServerConfig, int]], workloads: Sequence[Workload],
+                 repeats: int, deadline: Deadline, log_dir: pathlib.Path,
+                 pinnings: Sequence[PinningPlan] | None) -> list[ConfigResult]: ...
+
+
 def _measured_any(result: ConfigResult) -> bool:
     return any(measured.rounds for measured in result.workloads.values())
+
+
+def run_plan(*, configs: Sequence[ServerConfig], cycles: int,
+             repeat_first: bool) -> list[tuple[ServerConfig, int]]:
+    """The servers of one model, (configuration, run) in start order: every configuration
+    ``cycles`` times in turn (run ``k`` in cycle ``k``), then, with ``repeat_first``, one cycle
+    and more than one configuration, the first configuration again as run 2."""
+    plan = [(config, cycle) for cycle in range(1, cycles + 1) for config in configs]
+    if repeat_first and len(configs) > 1 and cycles == 1:
+        plan.append((configs[0], 2))
+    return plan
 
 
 def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
@@ -622,8 +838,7 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
     nothing; it is also skipped when no other server measured anything.
     """
     repeat_planned = repeat_first and len(configs) > 1 and cycles == 1
-    plan = [(config, cycle) for cycle in range(1, cycles + 1) for config in configs]
-    plan += [(configs[0], 2)] if repeat_planned else []
+    plan = run_plan(configs=configs, cycles=cycles, repeat_first=repeat_first)
     estimate_s = model.first_config_estimate_s(workloads=workloads, repeats=repeats)
     estimates: dict[str, WorkloadEstimate] = {}
     first: ConfigResult | None = None
@@ -776,6 +991,7 @@ class BenchOptions:
     cycles: int = 1
     pin_scheduler: bool = False
     warm_start: bool = False
+    together: tuple[str, ...] = ()  # models whose servers run at once (measure_together)
 
     def to_json(self) -> dict[str, object]:
         return {**{key: value for key, value in dataclasses.asdict(self).items()
@@ -838,6 +1054,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                         help="once a server is ready, pin its scheduler process to the last "
                              "physical core and the rest of the server and this script to the "
                              "other CPUs (benchmark/cpu_pinning.py; default: off)")
+    parser.add_argument("--together", default="", metavar="MODELS",
+                        help="comma-separated models whose servers (every configuration, "
+                             "--cycles times, and the repeat of the first) start at once and "
+                             "are measured interleaved: per workload one round of each server "
+                             "before the next round of any; for models whose servers fit the "
+                             "GPU together, such as tiny (default: none)")
     parser.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=False,
                         help="before the measured servers of each model, start a throwaway "
                              "server of the first configuration and run each workload's warm-up "
@@ -867,8 +1089,20 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
         host_timers=namespace.host_timers, eagle_steps=namespace.eagle_steps,
         cycles=namespace.cycles, pin_scheduler=namespace.pin_scheduler,
         warm_start=namespace.warm_start,
+        together=_names(parser, option="--together", text=namespace.together,
+                        allowed=list(MODELS)) if namespace.together else (),
     )
 
+
+
+def _together_pinnings(*, servers: int) -> list[PinningPlan] | None:
+    """``--pin-scheduler`` for ``servers`` running at once (None, said, when the CPUs this
+    process may use have too few physical cores)."""
+    plans = plan_pinning_apart(os.sched_getaffinity(0), servers=servers)
+    if plans is None:
+        print(f"--pin-scheduler: {servers} servers together need {servers + 1} physical cores; "
+              "not pinning", flush=True)
+    return plans
 
 HOST_TIMERS_DIR = pathlib.Path(__file__).resolve().parent / "host_timers"
 
@@ -984,9 +1218,12 @@ def report_json(*, options: BenchOptions,
     }
 
 
-def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_config) -> int:
+def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_config,
+         together: MeasureTogether = measure_together) -> int:
     """Run the benchmark (``measure`` measures one server: :func:`measure_config`, or a
-    stand-in in tests); always 0: missing figures are reported, never raised."""
+    stand-in in tests; ``together`` the servers of a ``--together`` model:
+    :func:`measure_together`, or a stand-in); always 0: missing figures are reported, never
+    raised."""
     options = parse_args(argv)
     deadline = Deadline.after(options.time_budget_s)
     log_dir = options.log_dir or pathlib.Path(tempfile.mkdtemp(prefix="kv_canary_bench_logs_"))
@@ -997,7 +1234,7 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
         configs = [with_host_timers(config, every_n_forwards=options.host_timers)
                    for config in configs]
     print(f"server logs: {log_dir}; time budget {options.time_budget_s:.0f} s", flush=True)
-    if options.pin_scheduler:
+    if options.pin_scheduler and set(options.models) - set(options.together):
         pinning = plan_pinning(os.sched_getaffinity(0))
         if pinning is None:
             print("--pin-scheduler: this process may use one physical core only; not pinning",
@@ -1020,11 +1257,25 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
                 print(warm_start(model=model, model_dir=model_dir, config=configs[0],
                                  workloads=workloads, deadline=deadline, log_dir=log_dir,
                                  measure=measure), flush=True)
-            for result in iter_model_results(
-                model=model, model_dir=model_dir, configs=configs, workloads=workloads,
-                repeats=options.repeats, deadline=deadline, log_dir=log_dir,
-                repeat_first=options.repeat_first, cycles=options.cycles, measure=measure,
-            ):
+            if name in options.together:
+                plan = run_plan(configs=configs, cycles=options.cycles,
+                                repeat_first=options.repeat_first)
+                pinnings = (_together_pinnings(servers=len(plan))
+                            if options.pin_scheduler else None)
+                print(f"[{model.name}] {len(plan)} servers together, measured interleaved"
+                      + ("" if pinnings is None else f"; {pinnings[0].describe()} for the "
+                         "first, each other scheduler on a core of its own"), flush=True)
+                model_results: Iterable[ConfigResult] = together(
+                    model=model, model_dir=model_dir, plan=plan, workloads=workloads,
+                    repeats=options.repeats, deadline=deadline, log_dir=log_dir,
+                    pinnings=pinnings)
+            else:
+                model_results = iter_model_results(
+                    model=model, model_dir=model_dir, configs=configs, workloads=workloads,
+                    repeats=options.repeats, deadline=deadline, log_dir=log_dir,
+                    repeat_first=options.repeat_first, cycles=options.cycles, measure=measure,
+                )
+            for result in model_results:
                 results[name].append(result)
                 print(progress_line(model=model, result=result), flush=True)
                 if options.host_timers:

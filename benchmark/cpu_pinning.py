@@ -8,6 +8,8 @@ of the same configuration then differ by up to 1.6x on the same machine
 ``--pin-scheduler`` the benchmark gives every server the same placement once it is ready: every
 thread of the scheduler process on the hyperthreads of the last physical core it may use, every
 other process of the server and the benchmark itself on the rest (see :func:`plan_pinning`).
+With ``--together`` the servers run at once and each scheduler gets a core of its own
+(:func:`plan_pinning_apart`).
 
 The scheduler is found by its process title: SGLang 0.5.12 names it ``sglang::scheduler...``
 (``setproctitle``), which ``/proc/PID/cmdline`` shows.
@@ -66,13 +68,26 @@ def plan_pinning(allowed: Collection[int], *,
                  siblings: Callable[[int], frozenset[int]] = thread_siblings) -> PinningPlan | None:
     """The scheduler on the highest allowed CPU and its allowed siblings, the rest elsewhere;
     None when that leaves nothing for the rest (one physical core)."""
-    if not allowed:
+    plans = plan_pinning_apart(allowed, servers=1, siblings=siblings)
+    return None if plans is None else plans[0]
+
+
+def plan_pinning_apart(allowed: Collection[int], *, servers: int,
+                       siblings: Callable[[int], frozenset[int]] = thread_siblings,
+                       ) -> list[PinningPlan] | None:
+    """One plan per server of ``servers`` running at once: each scheduler on a physical core of
+    its own (the highest allowed ones, the first server's the highest), everything else of every
+    server, and the benchmark, on the allowed CPUs left; None when fewer than ``servers`` + 1
+    physical cores are allowed."""
+    left = frozenset(allowed)
+    cores: list[frozenset[int]] = []
+    while len(cores) < servers and left:
+        core = siblings(max(left)) & left
+        cores.append(core)
+        left -= core
+    if len(cores) < servers or not left:
         return None
-    core = siblings(max(allowed)) & frozenset(allowed)
-    others = frozenset(allowed) - core
-    if not others:
-        return None
-    return PinningPlan(scheduler_cpus=core, other_cpus=others)
+    return [PinningPlan(scheduler_cpus=core, other_cpus=left) for core in cores]
 
 
 def process_title(pid: int, *, proc: pathlib.Path = _PROC) -> str:

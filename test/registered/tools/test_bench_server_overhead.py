@@ -825,6 +825,125 @@ def test_each_workload_keeps_the_last_timer_line_logged_while_it_ran(
     assert again.workloads["bs1"].host_timers == result.workloads["bs1"].host_timers
 
 
+
+# ----------------------------------------------------------------------------- servers together
+
+def _together_plan(*names_and_runs: tuple[str, int]) -> list[tuple[bench.ServerConfig, int]]:
+    return [(bench.CONFIGS[name], run) for name, run in names_and_runs]
+
+
+def test_the_run_plan_is_every_configuration_in_turn_then_the_first_again() -> None:
+    configs = [bench.CONFIGS["off"], bench.CONFIGS["all-checks"]]
+    labels = lambda plan: [f"{config.name}#{run}" for config, run in plan]  # noqa: E731
+    assert labels(bench.run_plan(configs=configs, cycles=1, repeat_first=True)) == [
+        "off#1", "all-checks#1", "off#2"]
+    assert labels(bench.run_plan(configs=configs, cycles=2, repeat_first=True)) == [
+        "off#1", "all-checks#1", "off#2", "all-checks#2"]
+    assert labels(bench.run_plan(configs=configs[:1], cycles=1, repeat_first=True)) == ["off#1"]
+
+
+def test_servers_together_run_at_once_and_take_their_rounds_in_turn(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(_HERE))
+    monkeypatch.setenv("FAKE_SERVER_TIMER_LINES", "1")
+    model = bench.MODELS["tiny"]
+    plan = _together_plan(("off", 1), ("all-checks", 1), ("off", 2))
+    calls: list[tuple[str, int]] = []
+    servers: dict[str, object] = {}
+    alive_at_first_round: list[bool] = []
+
+    def runner(server, *, round_index: int, **kwargs: object) -> workloads.RoundTiming:
+        name = pathlib.Path(server.launch.log_path).stem
+        servers[name] = server
+        if round_index == 1 and not alive_at_first_round:
+            alive_at_first_round.append(
+                all(other.returncode is None for other in servers.values()))
+        calls.append((name, round_index))
+        return workloads.run_round(server, round_index=round_index, **kwargs)
+
+    results = bench.measure_together(
+        model=model, model_dir=bench.make_model(model, directory=tmp_path / "model"),
+        plan=plan, workloads=[workloads.WORKLOADS_BY_NAME["bs1"]], repeats=3,
+        deadline=bench.Deadline.after(120.0), log_dir=tmp_path / "logs",
+        round_runner=runner, server_module="fake_sglang_server")
+    assert [result.label for result in results] == ["off", "all-checks", "off#2"]
+    assert all(result.status == bench.MEASURED for result in results)
+    names = ["tiny-off-run1", "tiny-all-checks-run1", "tiny-off-run2"]
+    # warm-ups in plan order, then each round with the order rotated by one
+    assert calls == [(name, 0) for name in names] + [
+        (names[0], 1), (names[1], 1), (names[2], 1),
+        (names[1], 2), (names[2], 2), (names[0], 2),
+        (names[2], 3), (names[0], 3), (names[1], 3)]
+    for result in results:
+        bs1 = result.workloads["bs1"]
+        assert bs1.status == bench.MEASURED and len(bs1.rounds) == 3 and bs1.warm_up
+        assert bs1.host_timers.startswith("KV canary host timers over 1 forwards")
+        assert result.startup_s > 0 and result.command[1:3] == ("-m", "fake_sglang_server")
+    # all three were up at the first measured round, and all are stopped now
+    assert alive_at_first_round == [True] and len(servers) == 3
+    assert all(server.returncode is not None for server in servers.values())
+    assert len({result.duration_s for result in results}) == 1
+
+
+def test_a_server_whose_round_fails_is_left_out_and_the_budget_bounds_the_sweeps(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(_HERE))
+    model = bench.MODELS["tiny"]
+    clock = _FakeClock()
+    calls: list[tuple[str, int]] = []
+
+    def runner(server, *, round_index: int, clock: _FakeClock, **_: object):
+        name = pathlib.Path(server.launch.log_path).stem
+        calls.append((name, round_index))
+        if name == "tiny-all-checks-run1" and round_index == 1:
+            raise workloads.StreamError("the server went away\nmore")
+        clock.now += 10.0
+        return _timing(wall_s=10.0)
+
+    deadline = bench.Deadline.after(
+        model.warm_up_estimate_s["bs1"] * 2 + 45.0, clock=clock)
+    results = bench.measure_together(
+        model=model, model_dir=bench.make_model(model, directory=tmp_path / "model"),
+        plan=_together_plan(("off", 1), ("all-checks", 1)),
+        workloads=[workloads.WORKLOADS_BY_NAME["bs1"]], repeats=5, deadline=deadline,
+        log_dir=tmp_path / "logs", round_runner=runner, server_module="fake_sglang_server")
+    off, checks = results
+    assert checks.status == "failed: the server went away"
+    assert off.status == "partial: time budget"
+    # warm-ups (20 s), then sweeps while the longest sweep so far still fits
+    assert [round_index for name, round_index in calls if name == "tiny-off-run1"] == [
+        0, 1, 2]
+    assert [round_index for name, round_index in calls if name != "tiny-off-run1"] == [0, 1]
+    assert off.workloads["bs1"].status == "partial: time budget (2 of 5 rounds)"
+    assert checks.workloads["bs1"].rounds == ()
+
+
+def test_main_measures_a_together_model_with_its_whole_plan_at_once(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[list[str]] = []
+
+    def together(*, plan, pinnings, **_: object) -> list[table.ConfigResult]:
+        seen.append([f"{config.name}#{run}" for config, run in plan])
+        assert pinnings is None
+        return [table.ConfigResult(config=config.name, run=run, status=bench.MEASURED)
+                for config, run in plan]
+
+    def measure(**_: object) -> table.ConfigResult:
+        raise AssertionError("a --together model is not measured one server at a time")
+
+    out = tmp_path / "bench.json"
+    assert bench.main(["--models", "tiny", "--configs", "off,all-checks", "--workloads", "bs1",
+                       "--cycles", "2", "--together", "tiny", "--out", str(out),
+                       "--log-dir", str(tmp_path / "logs")],
+                      measure=measure, together=together) == 0
+    assert seen == [["off#1", "all-checks#1", "off#2", "all-checks#2"]]
+    assert "[tiny] 4 servers together, measured interleaved" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["options"]["together"] == ["tiny"]
+    assert [r["label"] for r in report["models"]["tiny"]["results"]] == [
+        "off", "all-checks", "off#2", "all-checks#2"]
+
+
 # ----------------------------------------------------------------------------- the table
 
 def _measured(name: str, *, run: int = 1, tok_s: tuple[float, ...], ttft_ms: tuple[float, ...],

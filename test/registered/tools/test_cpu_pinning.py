@@ -1,4 +1,4 @@
-"""``benchmark/cpu_pinning.py`` without touching real affinities: sysfs CPU lists, the plan (the
+"""``benchmark/cpu_pinning.py`` without touching real affinities: sysfs CPU lists, the plans (each
 scheduler alone on one physical core, the rest elsewhere) and what :func:`pin_server` asks of
 ``sched_setaffinity`` for every thread of a server's processes."""
 
@@ -44,6 +44,21 @@ def test_the_plan_gives_the_scheduler_the_last_physical_core() -> None:
     assert plan.describe() == ("scheduler on CPUs 7,15, the rest of the server and the benchmark "
                                "on 0,1,2,3,4,5,6,8,9,10,11,12,13,14")
 
+
+
+def test_servers_together_get_a_physical_core_each_and_share_the_rest() -> None:
+    def siblings(cpu: int) -> frozenset[int]:  # 8 cores, hyperthreads n and n + 8
+        return frozenset({cpu % 8, cpu % 8 + 8})
+
+    plans = cpu_pinning.plan_pinning_apart(range(16), servers=3, siblings=siblings)
+    assert [plan.scheduler_cpus for plan in plans] == [{7, 15}, {6, 14}, {5, 13}]
+    rest = set(range(16)) - {5, 6, 7, 13, 14, 15}
+    assert all(plan.other_cpus == rest for plan in plans)
+    assert cpu_pinning.plan_pinning_apart(range(16), servers=1, siblings=siblings)[0] == (
+        cpu_pinning.plan_pinning(range(16), siblings=siblings))
+    # 8 physical cores hold at most 7 schedulers and the rest
+    assert len(cpu_pinning.plan_pinning_apart(range(16), servers=7, siblings=siblings)) == 7
+    assert cpu_pinning.plan_pinning_apart(range(16), servers=8, siblings=siblings) is None
 
 def test_pin_server_moves_every_thread_and_this_process() -> None:
     plan = cpu_pinning.PinningPlan(scheduler_cpus=frozenset({7}), other_cpus=frozenset({0, 1}))
