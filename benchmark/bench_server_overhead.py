@@ -159,6 +159,7 @@ from server_overhead_table import (
     control_line,
     format_workload_table,
     paired_comparisons,
+    round_pairs,
     ttft_distribution_line,
     workload_notes,
     workload_rows,
@@ -634,6 +635,8 @@ class _TogetherServer:
     startup_s: float = 0.0
     limits: PoolLimits | None = None
     placement: str = "not pinned"
+    parked: PinningPlan | None = None  # where it waits (measure_together's pinning)
+    measuring: PinningPlan | None = None  # where its rounds run
     results: dict[str, WorkloadResult] = dataclasses.field(default_factory=dict)
 
     @property
@@ -649,7 +652,7 @@ def measure_together(*, model: ModelShape, model_dir: pathlib.Path,
                      repeats: int, deadline: Deadline, log_dir: pathlib.Path,
                      round_runner: RoundRunner = run_round,
                      server_module: str = "sglang.launch_server",
-                     pinnings: Sequence[PinningPlan] | None = None) -> list[ConfigResult]:
+                     pinning: TogetherPinning | None = None) -> list[ConfigResult]:
     """Start every server of ``plan`` (configuration, run) at once, measure them interleaved,
     stop them all; one result per server, in ``plan`` order.
 
@@ -661,7 +664,9 @@ def measure_together(*, model: ModelShape, model_dir: pathlib.Path,
     servers still fits the deadline, a sweep of measured rounds only if the longest sweep so
     far (at first the model's round estimate times the servers) fits. A server that fails to
     start, or whose round fails, is reported so and left out of the later rounds.
-    ``pinnings``: one plan per server of ``plan`` (each scheduler on a core of its own).
+    ``pinning``: each server's scheduler waits on a core of its own (``pinning.parked``, one
+    plan per server of ``plan``) and runs its rounds on the one measuring core
+    (``pinning.measuring``), so that every round of every server runs on the same CPU.
 
     Servers share the GPU's memory: only for models whose servers fit it together (the tiny
     model's take about 2 GB each).
@@ -685,8 +690,12 @@ def measure_together(*, model: ModelShape, model_dir: pathlib.Path,
                                               ready_timeout_s=ready_timeout_s)
                 continue
             entry.limits = read_pool_limits(entry.server.log_text())
-            if pinnings is not None:
-                entry.placement = _pin(entry.server, pinnings[index])
+            if pinning is not None:
+                entry.parked = pinning.parked[index]
+                entry.measuring = pinning.measuring
+                entry.placement = (
+                    _pin(entry.server, entry.parked)
+                    + f"; its rounds: scheduler on CPUs {_cpu_names(pinning.measuring)}")
         for workload in workloads:
             fitting = []
             for entry in servers:
@@ -739,6 +748,8 @@ def _measure_interleaved(servers: Sequence[_TogetherServer], *, model: ModelShap
     def run(entry: _TogetherServer, round_index: int) -> tuple[RoundTiming, float] | None:
         if not entry.live:
             return None
+        if entry.measuring is not None:
+            pin_server(pids=entry.server.live_pids(), plan=entry.measuring)
         begun = clock()
         try:
             timing = round_runner(entry.server, workload=workload, vocab_size=model.vocab_size,
@@ -747,6 +758,9 @@ def _measure_interleaved(servers: Sequence[_TogetherServer], *, model: ModelShap
         except RuntimeError as error:  # a StreamError, or the cache flush was refused
             entry.fail(error)
             return None
+        finally:
+            if entry.parked is not None:
+                pin_server(pids=entry.server.live_pids(), plan=entry.parked)
         return timing, clock() - begun
 
     for entry in servers:
@@ -801,7 +815,7 @@ class MeasureTogether(Protocol):
     def __call__(self, *, model: ModelShape, model_dir: pathlib.Path,
                  plan: Sequence[tuple[ServerConfig, int]], workloads: Sequence[Workload],
                  repeats: int, deadline: Deadline, log_dir: pathlib.Path,
-                 pinnings: Sequence[PinningPlan] | None) -> list[ConfigResult]: ...
+                 pinning: TogetherPinning | None) -> list[ConfigResult]: ...
 
 
 def _measured_any(result: ConfigResult) -> bool:
@@ -898,9 +912,10 @@ def warm_start(*, model: ModelShape, model_dir: pathlib.Path, config: ServerConf
 # ----------------------------------------------------------------------------- the report
 
 def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
-                 results: Sequence[ConfigResult]) -> dict[str, dict[str, object]]:
-    """Per workload: its rows, the target verdicts, the pairs and the notes (what is
-    printed)."""
+                 results: Sequence[ConfigResult],
+                 together: bool = False) -> dict[str, dict[str, object]]:
+    """Per workload: its rows, the target verdicts, the pairs (``together``, the servers were
+    measured together: the round-by-round pairs too) and the notes (what is printed)."""
     tables = {}
     for workload in workloads:
         rows = workload_rows(workload=workload, results=results, baselines=BASELINES,
@@ -909,6 +924,8 @@ def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
             "rows": rows,
             "verdicts": check_targets(workload=workload, rows=rows, targets=model.targets),
             "pairs": paired_comparisons(workload=workload, results=results, baselines=BASELINES),
+            "by_round": round_pairs(workload=workload, results=results, baselines=BASELINES)
+            if together else [],
             "controls": control_line(workload=workload, results=results),
             "ttft_distribution": ttft_distribution_line(workload=workload, results=results,
                                                         baselines=BASELINES),
@@ -929,9 +946,11 @@ def baselines_line(configs: Sequence[str]) -> str:
 
 
 def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
-                        results: Sequence[ConfigResult], repeats: int) -> str:
+                        results: Sequence[ConfigResult], repeats: int,
+                        together: bool = False) -> str:
     """The printed report of one model: a title, the baselines and how noise is estimated,
-    one block per workload, and one note per server that was not fully measured."""
+    one block per workload (``together``: with the round-by-round pairs of servers measured
+    together), and one note per server that was not fully measured."""
     text = [f"== {model.name}: {model.describe()}; median of {repeats} measured rounds per "
             "workload ==",
             "server args: " + " ".join(launch_args(model=model, config=CONFIGS["off"])[0]
@@ -941,11 +960,13 @@ def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
             baselines_line(list(dict.fromkeys(result.config for result in results))),
             NOISE_NOTE, ""]
     for workload in workloads:
-        table = model_tables(model=model, workloads=[workload], results=results)[workload.name]
+        table = model_tables(model=model, workloads=[workload], results=results,
+                             together=together)[workload.name]
         text.append(format_workload_table(workload=workload, rows=table["rows"],
                                           verdicts=table["verdicts"], notes=table["notes"],
                                           pairs=table["pairs"], controls=table["controls"],
-                                          ttft_distribution=table["ttft_distribution"]))
+                                          ttft_distribution=table["ttft_distribution"],
+                                          by_round=table["by_round"]))
         text.append("")
     text += [f"server {result.label}: {result.status}"
              for result in results if result.status != MEASURED]
@@ -1095,14 +1116,34 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
 
 
 
-def _together_pinnings(*, servers: int) -> list[PinningPlan] | None:
-    """``--pin-scheduler`` for ``servers`` running at once (None, said, when the CPUs this
-    process may use have too few physical cores)."""
-    plans = plan_pinning_apart(os.sched_getaffinity(0), servers=servers)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TogetherPinning:
+    """``--pin-scheduler`` for servers measured together: the plan of the one core every
+    round runs on (``measuring``) and, per server, the plan of the core its scheduler waits on
+    between its rounds (``parked``); everything else of every server, and the benchmark, on
+    the CPUs left (the same in every plan)."""
+
+    measuring: PinningPlan
+    parked: tuple[PinningPlan, ...]
+
+    def describe(self) -> str:
+        parked = " / ".join(_cpu_names(plan) for plan in self.parked)
+        return (f"every round's scheduler on CPUs {_cpu_names(self.measuring)}, the schedulers "
+                f"waiting on CPUs {parked}, the rest of the servers and the benchmark on "
+                f"{','.join(map(str, sorted(self.measuring.other_cpus)))}")
+
+
+def _cpu_names(plan: PinningPlan) -> str:
+    return ",".join(map(str, sorted(plan.scheduler_cpus)))
+
+
+def together_pinning(*, servers: int, allowed: Collection[int]) -> TogetherPinning | None:
+    """The :class:`TogetherPinning` of ``servers`` on the ``allowed`` CPUs; None when they hold
+    fewer than ``servers`` + 2 physical cores."""
+    plans = plan_pinning_apart(allowed, servers=servers + 1)
     if plans is None:
-        print(f"--pin-scheduler: {servers} servers together need {servers + 1} physical cores; "
-              "not pinning", flush=True)
-    return plans
+        return None
+    return TogetherPinning(measuring=plans[0], parked=tuple(plans[1:]))
 
 HOST_TIMERS_DIR = pathlib.Path(__file__).resolve().parent / "host_timers"
 
@@ -1212,7 +1253,8 @@ def report_json(*, options: BenchOptions,
                    "targets": [dataclasses.asdict(target) for target in MODELS[name].targets],
                    "results": [result.to_json() for result in model_results],
                    "tables": _jsonable(model_tables(model=MODELS[name], workloads=workloads,
-                                                    results=model_results))}
+                                                    results=model_results,
+                                                    together=name in options.together))}
             for name, model_results in results.items()
         },
     }
@@ -1260,15 +1302,19 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
             if name in options.together:
                 plan = run_plan(configs=configs, cycles=options.cycles,
                                 repeat_first=options.repeat_first)
-                pinnings = (_together_pinnings(servers=len(plan))
-                            if options.pin_scheduler else None)
+                pinning = None
+                if options.pin_scheduler:
+                    pinning = together_pinning(servers=len(plan),
+                                               allowed=os.sched_getaffinity(0))
+                    if pinning is None:
+                        print(f"--pin-scheduler: {len(plan)} servers together need "
+                              f"{len(plan) + 2} physical cores; not pinning", flush=True)
                 print(f"[{model.name}] {len(plan)} servers together, measured interleaved"
-                      + ("" if pinnings is None else f"; {pinnings[0].describe()} for the "
-                         "first, each other scheduler on a core of its own"), flush=True)
+                      + ("" if pinning is None else f"; {pinning.describe()}"), flush=True)
                 model_results: Iterable[ConfigResult] = together(
                     model=model, model_dir=model_dir, plan=plan, workloads=workloads,
                     repeats=options.repeats, deadline=deadline, log_dir=log_dir,
-                    pinnings=pinnings)
+                    pinning=pinning)
             else:
                 model_results = iter_model_results(
                     model=model, model_dir=model_dir, configs=configs, workloads=workloads,
@@ -1286,7 +1332,8 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
                         json.dumps(report_json(options=options, results=results), indent=1)
                         + "\n", encoding="utf-8")
             print("\n" + format_model_report(model=model, workloads=workloads,
-                                             results=results[name], repeats=options.repeats)
+                                             results=results[name], repeats=options.repeats,
+                                             together=name in options.together)
                   + "\n", flush=True)
     return 0
 

@@ -38,7 +38,8 @@ def report_from_json(data: Mapping[str, object]) -> str:
             model = with_eagle(model, draft_dir=_DRAFT_PLACEHOLDER, steps=options["eagle_steps"])
         results = [ConfigResult.from_json(item) for item in model_data["results"]]
         blocks.append(format_model_report(model=model, workloads=workloads, results=results,
-                                          repeats=options["repeats"]))
+                                          repeats=options["repeats"],
+                                          together=name in options.get("together", ())))
     return "\n\n".join(blocks)
 
 

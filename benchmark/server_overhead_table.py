@@ -420,6 +420,60 @@ def paired_comparisons(*, workload: Workload, results: Sequence[ConfigResult],
     return pairs
 
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundPairs:
+    """A configuration against its baseline, round by round, from servers measured together
+    (``--together``): round k of ``NAME#j`` over round k of the baseline's server ``#j``, which
+    ran in the same sweep, seconds apart. ``ratios``: those tok/s ratios, over every ``j``.
+    (``NAME#k`` against ``NAME#1``: the later servers of one configuration against its first.)"""
+
+    config: str
+    baseline: str
+    ratios: tuple[float, ...]
+
+    def describe(self) -> str:
+        ratios = sorted(self.ratios)
+        if len(ratios) > 1:
+            low, _, high = statistics.quantiles(ratios, n=4, method="inclusive")
+            spread = f", quartiles {low:.3f}..{high:.3f}"
+        else:
+            spread = ""
+        return (f"{self.config} / {self.baseline} median {statistics.median(ratios):.3f}"
+                f"{spread} over {len(ratios)} rounds")
+
+
+def round_pairs(*, workload: Workload, results: Sequence[ConfigResult],
+                baselines: Mapping[str, str | None]) -> list[RoundPairs]:
+    """The tok/s ratio of each measured round to the same round of another server measured
+    together with it (see :class:`RoundPairs`): per configuration with its baseline in
+    ``results``, its server of each run against the baseline's server of that run; and per
+    configuration with several servers, ``NAME#k`` against ``NAME#1`` (the same configuration:
+    what the machine alone does to these ratios). A round either server lacks is left out."""
+    by_label = {(result.config, result.run): result for result in results}
+    ratios: dict[tuple[str, str], list[float]] = {}
+
+    def add(key: tuple[str, str], result: ConfigResult, reference: ConfigResult | None) -> None:
+        own = result.workloads.get(workload.name)
+        base = None if reference is None else reference.workloads.get(workload.name)
+        if own is None or base is None:
+            return
+        for mine, theirs in zip(own.rounds, base.rounds):
+            below = theirs.tok_s(workload.throughput)
+            if below > 0:
+                ratios.setdefault(key, []).append(mine.tok_s(workload.throughput) / below)
+
+    for result in results:
+        baseline = baselines.get(result.config)
+        if baseline:
+            add((result.config, baseline), result, by_label.get((baseline, result.run)))
+    for result in results:
+        if result.run > 1:
+            add((f"{result.config}#k", f"{result.config}#1"), result,
+                by_label.get((result.config, 1)))
+    return [RoundPairs(config=config, baseline=baseline, ratios=tuple(values))
+            for (config, baseline), values in ratios.items()]
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
     """A target checked on one workload: ``value`` is None when it was not measured."""
@@ -483,10 +537,12 @@ _HEADERS = ("config", "vs", "tok/s", "x vs", "TTFT ms", "x vs", "ms/step", "+ms 
 def format_workload_table(*, workload: Workload, rows: Sequence[Row],
                           verdicts: Sequence[Verdict], notes: Sequence[str],
                           pairs: Sequence[Pair] = (), controls: str | None = None,
-                          ttft_distribution: str | None = None) -> str:
+                          ttft_distribution: str | None = None,
+                          by_round: Sequence[RoundPairs] = ()) -> str:
     """A workload's block: its description, one line per row (columns aligned), the targets
     with their verdicts, ``pairs`` (tok/s ratio, TTFT ratio and ms per step added of each server
     against the baseline server started just before it, and their model controls' ratio),
+    ``by_round`` (:func:`round_pairs`, servers measured together),
     ``ttft_distribution`` (:func:`ttft_distribution_line`), ``controls`` (:func:`control_line`)
     and ``notes`` (e.g. why a configuration has no figures)."""
     cells = [[row.label, row.baseline or "-", _value(row.tok_s, "{:.0f}"),
@@ -508,6 +564,10 @@ def format_workload_table(*, workload: Workload, rows: Sequence[Row],
     if pairs:
         text.append("  pairs (each server vs the baseline server started just before it; tok/s): "
                     + "; ".join(pair.describe() for pair in pairs))
+    if by_round:
+        text.append("  by round (servers measured together: each round over the same round of "
+                    "the baseline's server of the same run, seconds apart; tok/s): "
+                    + "; ".join(pairs_.describe() for pairs_ in by_round))
     if ttft_distribution:
         text.append(ttft_distribution)
     if controls:

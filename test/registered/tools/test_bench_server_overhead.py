@@ -918,13 +918,62 @@ def test_a_server_whose_round_fails_is_left_out_and_the_budget_bounds_the_sweeps
     assert checks.workloads["bs1"].rounds == ()
 
 
+def test_pinned_servers_together_run_every_round_on_the_measuring_core(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(_HERE))
+    model = bench.MODELS["tiny"]
+    plan = _together_plan(("off", 1), ("all-checks", 1))
+    pinning = bench.together_pinning(servers=len(plan), allowed=range(8))
+    events: list[tuple[str, str]] = []
+    where = {pinning.measuring: "measuring", pinning.parked[0]: "parked 0",
+             pinning.parked[1]: "parked 1"}
+
+    def pin(*, pids: list[int], plan: bench.PinningPlan) -> list[int]:
+        events.append((str(sorted(pids)[0]), where[plan]))
+        return pids[:1]
+
+    def runner(server, *, round_index: int, **_: object) -> workloads.RoundTiming:
+        events.append((str(sorted(server.live_pids())[0]), f"round {round_index}"))
+        return _timing()
+
+    monkeypatch.setattr(bench, "pin_server", pin)
+    results = bench.measure_together(
+        model=model, model_dir=bench.make_model(model, directory=tmp_path / "model"),
+        plan=plan, workloads=[workloads.WORKLOADS_BY_NAME["bs1"]], repeats=1,
+        deadline=bench.Deadline.after(60.0), log_dir=tmp_path / "logs",
+        round_runner=runner, server_module="fake_sglang_server", pinning=pinning)
+    first, second = (events[0][0], events[1][0])
+    assert events == [
+        (first, "parked 0"), (second, "parked 1"),  # once ready
+        *[(pid, step) for pid, parked in ((first, "parked 0"), (second, "parked 1"))
+          for step in ("measuring", "round 0", parked)],  # warm-ups
+        *[(pid, step) for pid, parked in ((first, "parked 0"), (second, "parked 1"))
+          for step in ("measuring", "round 1", parked)]]
+    assert results[0].placement.endswith(
+        f"; its rounds: scheduler on CPUs {bench._cpu_names(pinning.measuring)}")
+
+
+def test_the_together_pinning_keeps_a_measuring_core_apart_from_the_parked_ones() -> None:
+    allowed = range(64)
+    pinning = bench.together_pinning(servers=3, allowed=allowed)
+    cores = [pinning.measuring.scheduler_cpus,
+             *(plan.scheduler_cpus for plan in pinning.parked)]
+    assert len(pinning.parked) == 3
+    assert all(not (a & b) for index, a in enumerate(cores) for b in cores[index + 1:])
+    rest = set(allowed) - set().union(*cores)
+    assert all(plan.other_cpus == rest for plan in (pinning.measuring, *pinning.parked))
+    assert pinning.describe().startswith(
+        f"every round's scheduler on CPUs {bench._cpu_names(pinning.measuring)}, the "
+        "schedulers waiting on CPUs ")
+    assert bench.together_pinning(servers=3, allowed=range(3)) is None
+
 def test_main_measures_a_together_model_with_its_whole_plan_at_once(
         tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     seen: list[list[str]] = []
 
-    def together(*, plan, pinnings, **_: object) -> list[table.ConfigResult]:
+    def together(*, plan, pinning, **_: object) -> list[table.ConfigResult]:
         seen.append([f"{config.name}#{run}" for config, run in plan])
-        assert pinnings is None
+        assert pinning is None
         return [table.ConfigResult(config=config.name, run=run, status=bench.MEASURED)
                 for config, run in plan]
 
@@ -970,6 +1019,36 @@ def _fake_results() -> list[table.ConfigResult]:
         _measured("off", run=2, tok_s=(90.0, 110.0), ttft_ms=(11.0, 9.0), step_ms=(5.0, 5.0)),
     ]
 
+
+def test_servers_measured_together_are_compared_round_by_round() -> None:
+    results = [
+        _measured("off", tok_s=(100.0, 50.0, 80.0), ttft_ms=(10.0,) * 3, step_ms=(5.0,) * 3),
+        _measured("all-checks", tok_s=(90.0, 45.0, 80.0), ttft_ms=(10.0,) * 3,
+                  step_ms=(5.0,) * 3),
+        _measured("off", run=2, tok_s=(200.0, 100.0), ttft_ms=(10.0,) * 2, step_ms=(5.0,) * 2),
+        _measured("all-checks", run=2, tok_s=(100.0, 100.0), ttft_ms=(10.0,) * 2,
+                  step_ms=(5.0,) * 2),
+    ]
+    checks, off_again, checks_again = table.round_pairs(
+        workload=_W, results=results, baselines=bench.BASELINES)
+    # run 1 round by round, then run 2 (its third round is missing on both)
+    assert (checks.config, checks.baseline) == ("all-checks", "off")
+    assert checks.ratios == pytest.approx((0.9, 0.9, 1.0, 0.5, 1.0))
+    assert (off_again.config, off_again.baseline) == ("off#k", "off#1")
+    assert off_again.ratios == pytest.approx((2.0, 2.0))
+    assert checks_again.ratios == pytest.approx((100 / 90, 100 / 45))
+    assert checks.describe() == (
+        "all-checks / off median 0.900, quartiles 0.900..1.000 over 5 rounds")
+    block = table.format_workload_table(workload=_W, rows=[], verdicts=[], notes=[],
+                                        by_round=[checks])
+    assert block.splitlines()[-1] == (
+        "  by round (servers measured together: each round over the same round of the "
+        "baseline's server of the same run, seconds apart; tok/s): " + checks.describe())
+    # a run measured one server at a time prints no such line
+    model = bench.MODELS["tiny"]
+    assert bench.model_tables(model=model, workloads=[_W], results=results)["w"]["by_round"] == []
+    assert len(bench.model_tables(model=model, workloads=[_W], results=results,
+                                  together=True)["w"]["by_round"]) == 3
 
 def test_rows_compare_with_the_declared_baseline_pooled_over_its_servers() -> None:
     off, checks, oracle, refused, again = table.workload_rows(
