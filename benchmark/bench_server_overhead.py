@@ -517,16 +517,20 @@ def measure_workload(server: BenchServer, *, workload: Workload, vocab_size: int
         started = clock()
         rounds.append(run(round_index))
         longest_round_s = max(longest_round_s, clock() - started)
-    if len(rounds) == repeats:
-        status = MEASURED
-    elif rounds:
-        status = f"partial: time budget ({len(rounds)} of {repeats} rounds)"
-    else:
-        status = "skipped: time budget (after the warm-up round)"
-    return WorkloadResult(workload=workload.name, status=status, rounds=tuple(rounds),
+    return WorkloadResult(workload=workload.name,
+                          status=_rounds_status(measured=len(rounds), repeats=repeats),
+                          rounds=tuple(rounds),
                           warm_up=warm_up, warm_up_s=warm_up_s,
                           longest_round_s=longest_round_s)
 
+
+def _rounds_status(*, measured: int, repeats: int) -> str:
+    """A workload's status once ``measured`` of its ``repeats`` rounds ran (the warm-up did)."""
+    if measured == repeats:
+        return MEASURED
+    if measured:
+        return f"partial: time budget ({measured} of {repeats} rounds)"
+    return "skipped: time budget (after the warm-up round)"
 
 def _log_name(*, model: ModelShape, config: ServerConfig, run: int) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{model.name}-{config.name}-run{run}") + ".log"
@@ -783,12 +787,7 @@ def _measure_interleaved(servers: Sequence[_TogetherServer], *, model: ModelShap
         swept += 1
     for entry in servers:
         measured = rounds[id(entry)]
-        if len(measured) == repeats:
-            status = MEASURED
-        elif measured:
-            status = f"partial: time budget ({len(measured)} of {repeats} rounds)"
-        else:
-            status = "skipped: time budget (after the warm-up round)"
+        status = _rounds_status(measured=len(measured), repeats=repeats)
         if entry.live and status != MEASURED:
             entry.status = "partial: time budget"
         warm_up, warm_up_took = warm_ups.get(id(entry), (None, 0.0))
