@@ -124,6 +124,7 @@ import json
 import os
 import pathlib
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -973,7 +974,8 @@ def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
 
 
 def progress_line(*, model: ModelShape, result: ConfigResult) -> str:
-    """One line printed as soon as a server is done."""
+    """One line printed as soon as a server is done: per workload, the medians of its measured
+    rounds."""
     parts = [f"[{model.name}] {result.label}: {result.status}"]
     if result.startup_s:
         parts.append(f"ready in {result.startup_s:.0f} s, done in {result.duration_s:.0f} s")
@@ -983,10 +985,14 @@ def progress_line(*, model: ModelShape, result: ConfigResult) -> str:
         if not measured.rounds:
             parts.append(f"{name} {measured.status}")
             continue
-        last = measured.rounds[-1]
         kind = WORKLOADS_BY_NAME[name].throughput
-        parts.append(f"{name} {last.tok_s(kind):.0f} {kind} tok/s, TTFT "
-                     f"{1e3 * last.mean_ttft_s:.1f} ms, {last.step_ms:.3f} ms/step")
+        rounds = measured.rounds
+        tok_s = statistics.median(timing.tok_s(kind) for timing in rounds)
+        ttft_ms = 1e3 * statistics.median(timing.mean_ttft_s for timing in rounds)
+        step_ms = statistics.median(timing.step_ms for timing in rounds)
+        of = f" (median of {len(rounds)} rounds)" if len(rounds) > 1 else ""
+        parts.append(f"{name} {tok_s:.0f} {kind} tok/s, TTFT {ttft_ms:.1f} ms, "
+                     f"{step_ms:.3f} ms/step{of}")
     if result.server_note != "-":
         parts.append(result.server_note)
     if result.placement.startswith("not pinned:"):

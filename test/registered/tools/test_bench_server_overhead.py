@@ -1136,17 +1136,18 @@ def test_model_report_names_baselines_noise_and_every_workload() -> None:
 def test_progress_line() -> None:
     timing = _timing(wall_s=2.0, ttft_s=(0.02, 0.04), decode_s=1.0, new_tokens=11,
                      output_tokens=22)
+    slower = _timing(wall_s=4.0, ttft_s=(0.09,), decode_s=3.0, new_tokens=11, output_tokens=22)
     result = table.ConfigResult(
         config="canary", status="measured", startup_s=30.0, duration_s=60.0,
         kv_pool_tokens=614400, server_note="canary on, 9 tokens checked, 0 violations",
         workloads={"bs1": table.WorkloadResult(workload="bs1", status="measured",
-                                               rounds=(timing,)),
+                                               rounds=(timing, timing, slower)),
                    "decode64_8k": table.WorkloadResult(
                        workload="decode64_8k", status="skipped: does not fit (x)")})
     assert bench.progress_line(model=bench.MODELS["8b"], result=result) == (
         "[8b] canary: measured; ready in 30 s, done in 60 s; KV pool 614400 tokens; bs1 11 "
-        "output tok/s, TTFT 30.0 ms, 100.000 ms/step; decode64_8k skipped: does not fit (x); "
-        "canary on, 9 tokens checked, 0 violations")
+        "output tok/s, TTFT 30.0 ms, 100.000 ms/step (median of 3 rounds); decode64_8k "
+        "skipped: does not fit (x); canary on, 9 tokens checked, 0 violations")
 
 
 def test_json_report_holds_every_number() -> None:
