@@ -664,8 +664,9 @@ def measure_together(*, model: ModelShape, model_dir: pathlib.Path,
     Per workload: a warm-up round on each server, then measured round 1 on each server, round 2
     on each, and so on, the servers' order rotated by one from round to round. Every
     configuration is then measured over the same minutes, so a slow spell of the machine falls
-    on all of them; what stays is each process's own speed, which the pairs and the model
-    controls show. A sweep of warm-ups starts only if the model's warm-up estimate times the
+    on all of them, and the round-by-round pairs (:func:`round_pairs`) compare rounds run
+    seconds apart. What stays is each server's own speed; on the H200 host most of it was the
+    vCPU its scheduler ran on, which ``pinning`` makes the same for every round. A sweep of warm-ups starts only if the model's warm-up estimate times the
     servers still fits the deadline, a sweep of measured rounds only if the longest sweep so
     far (at first the model's round estimate times the servers) fits. A server that fails to
     start, or whose round fails, is reported so and left out of the later rounds.
