@@ -156,6 +156,7 @@ from server_overhead_table import (
     ConfigResult,
     Target,
     WorkloadResult,
+    check_round_targets,
     check_targets,
     control_line,
     format_workload_table,
@@ -921,12 +922,15 @@ def model_tables(*, model: ModelShape, workloads: Sequence[Workload],
     for workload in workloads:
         rows = workload_rows(workload=workload, results=results, baselines=BASELINES,
                              vs_oracle=VS_ORACLE)
+        by_round = (round_pairs(workload=workload, results=results, baselines=BASELINES)
+                    if together else [])
         tables[workload.name] = {
             "rows": rows,
             "verdicts": check_targets(workload=workload, rows=rows, targets=model.targets),
             "pairs": paired_comparisons(workload=workload, results=results, baselines=BASELINES),
-            "by_round": round_pairs(workload=workload, results=results, baselines=BASELINES)
-            if together else [],
+            "by_round": by_round,
+            "round_verdicts": check_round_targets(by_round=by_round, targets=model.targets,
+                                                  baselines=BASELINES),
             "controls": control_line(workload=workload, results=results),
             "ttft_distribution": ttft_distribution_line(workload=workload, results=results,
                                                         baselines=BASELINES),
@@ -967,7 +971,8 @@ def format_model_report(*, model: ModelShape, workloads: Sequence[Workload],
                                           verdicts=table["verdicts"], notes=table["notes"],
                                           pairs=table["pairs"], controls=table["controls"],
                                           ttft_distribution=table["ttft_distribution"],
-                                          by_round=table["by_round"]))
+                                          by_round=table["by_round"],
+                                          round_verdicts=table["round_verdicts"]))
         text.append("")
     text += [f"server {result.label}: {result.status}"
              for result in results if result.status != MEASURED]

@@ -432,15 +432,23 @@ class RoundPairs:
     baseline: str
     ratios: tuple[float, ...]
 
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def quartiles(self) -> tuple[float, float] | None:
+        """The first and third quartiles (None for a single round)."""
+        if len(self.ratios) < 2:
+            return None
+        low, _, high = statistics.quantiles(sorted(self.ratios), n=4, method="inclusive")
+        return low, high
+
     def describe(self) -> str:
-        ratios = sorted(self.ratios)
-        if len(ratios) > 1:
-            low, _, high = statistics.quantiles(ratios, n=4, method="inclusive")
-            spread = f", quartiles {low:.3f}..{high:.3f}"
-        else:
-            spread = ""
-        return (f"{self.config} / {self.baseline} median {statistics.median(ratios):.3f}"
-                f"{spread} over {len(ratios)} rounds")
+        quartiles = self.quartiles
+        spread = "" if quartiles is None else f", quartiles {quartiles[0]:.3f}..{quartiles[1]:.3f}"
+        return (f"{self.config} / {self.baseline} median {self.median:.3f}{spread} over "
+                f"{len(self.ratios)} rounds")
 
 
 def round_pairs(*, workload: Workload, results: Sequence[ConfigResult],
@@ -514,6 +522,30 @@ def check_targets(*, workload: Workload, rows: Sequence[Row],
     return verdicts
 
 
+
+def check_round_targets(*, by_round: Sequence[RoundPairs], targets: Sequence[Target],
+                        baselines: Mapping[str, str | None]) -> list[str]:
+    """Each throughput target checked on the round-by-round ratios of its configuration
+    against its baseline (servers measured together): the median against the bound, and
+    whether the quartiles straddle it ("within quartiles"). Other metrics are not paired by
+    round."""
+    lines = []
+    for target in targets:
+        if target.metric != "tok_s":
+            continue
+        pairs = next((pairs for pairs in by_round if pairs.config == target.config
+                      and pairs.baseline == baselines.get(target.config)), None)
+        if pairs is None:
+            continue
+        median, quartiles = pairs.median, pairs.quartiles
+        met = median <= target.bound if target.at_most else median >= target.bound
+        spread = ("" if quartiles is None
+                  else f" (quartiles {quartiles[0]:.3f}..{quartiles[1]:.3f})")
+        straddles = quartiles is not None and quartiles[0] <= target.bound <= quartiles[1]
+        lines.append(f"{target.describe()}: {median:.3f}{spread} {'met' if met else 'MISSED'}"
+                     + (" (within quartiles)" if straddles else ""))
+    return lines
+
 # ----------------------------------------------------------------------------- printing
 
 def _value(figure: Spread | None, template: str) -> str:
@@ -538,11 +570,13 @@ def format_workload_table(*, workload: Workload, rows: Sequence[Row],
                           verdicts: Sequence[Verdict], notes: Sequence[str],
                           pairs: Sequence[Pair] = (), controls: str | None = None,
                           ttft_distribution: str | None = None,
-                          by_round: Sequence[RoundPairs] = ()) -> str:
+                          by_round: Sequence[RoundPairs] = (),
+                          round_verdicts: Sequence[str] = ()) -> str:
     """A workload's block: its description, one line per row (columns aligned), the targets
     with their verdicts, ``pairs`` (tok/s ratio, TTFT ratio and ms per step added of each server
     against the baseline server started just before it, and their model controls' ratio),
-    ``by_round`` (:func:`round_pairs`, servers measured together),
+    ``by_round`` (:func:`round_pairs`, servers measured together) with ``round_verdicts``
+    (:func:`check_round_targets`),
     ``ttft_distribution`` (:func:`ttft_distribution_line`), ``controls`` (:func:`control_line`)
     and ``notes`` (e.g. why a configuration has no figures)."""
     cells = [[row.label, row.baseline or "-", _value(row.tok_s, "{:.0f}"),
@@ -568,6 +602,8 @@ def format_workload_table(*, workload: Workload, rows: Sequence[Row],
         text.append("  by round (servers measured together: each round over the same round of "
                     "the baseline's server of the same run, seconds apart; tok/s): "
                     + "; ".join(pairs_.describe() for pairs_ in by_round))
+    if round_verdicts:
+        text.append("  targets by round: " + "; ".join(round_verdicts))
     if ttft_distribution:
         text.append(ttft_distribution)
     if controls:

@@ -1044,11 +1044,29 @@ def test_servers_measured_together_are_compared_round_by_round() -> None:
     assert block.splitlines()[-1] == (
         "  by round (servers measured together: each round over the same round of the "
         "baseline's server of the same run, seconds apart; tok/s): " + checks.describe())
+    # the throughput target on the round-by-round ratios; other metrics are not paired
+    targets = [table.Target(config="all-checks", metric="tok_s", bound=0.92, at_most=False),
+               table.Target(config="all-checks", metric="ttft", bound=1.03, at_most=True),
+               table.Target(config="canary", metric="tok_s", bound=0.5, at_most=False)]
+    verdicts = table.check_round_targets(by_round=[checks, off_again], targets=targets,
+                                         baselines=bench.BASELINES)
+    assert verdicts == [
+        "all-checks tok/s >= 0.92x: 0.900 (quartiles 0.900..1.000) MISSED (within quartiles)"]
+    lower = dataclasses.replace(targets[0], bound=0.85)
+    assert table.check_round_targets(by_round=[checks], targets=[lower],
+                                     baselines=bench.BASELINES) == [
+        "all-checks tok/s >= 0.85x: 0.900 (quartiles 0.900..1.000) met"]
+    block = table.format_workload_table(workload=_W, rows=[], verdicts=[], notes=[],
+                                        by_round=[checks], round_verdicts=verdicts)
+    assert block.splitlines()[-1] == "  targets by round: " + verdicts[0]
     # a run measured one server at a time prints no such line
     model = bench.MODELS["tiny"]
     assert bench.model_tables(model=model, workloads=[_W], results=results)["w"]["by_round"] == []
-    assert len(bench.model_tables(model=model, workloads=[_W], results=results,
-                                  together=True)["w"]["by_round"]) == 3
+    together = bench.model_tables(model=model, workloads=[_W], results=results,
+                                  together=True)["w"]
+    assert len(together["by_round"]) == 3
+    assert together["round_verdicts"] == [
+        "all-checks tok/s >= 0.92x: 0.900 (quartiles 0.900..1.000) MISSED (within quartiles)"]
 
 def test_rows_compare_with_the_declared_baseline_pooled_over_its_servers() -> None:
     off, checks, oracle, refused, again = table.workload_rows(
