@@ -10,6 +10,7 @@ from sglang.srt.kv_canary.runner.batch_inputs import (
     CanaryBatchInputs,
     attach_batch_inputs,
     carried_field,
+    runner_of_batch,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -34,6 +35,19 @@ def test_a_missing_carrier_or_field_names_what_and_the_hook(carrier: bool) -> No
     assert str(error.value) == (
         "KV canary: this SimpleNamespace carries no request-row updates; the "
         "ForwardBatch.init_new hook did not run for it (the token history would be stale)"
+    )
+
+
+def test_the_runner_of_a_batch_comes_from_its_carrier_or_the_same_error() -> None:
+    batch, runner = SimpleNamespace(), object()
+    attach_batch_inputs(batch, CanaryBatchInputs(runner=runner))
+    assert runner_of_batch(batch) is runner
+    with pytest.raises(RuntimeError) as error:
+        runner_of_batch(SimpleNamespace())
+    assert str(error.value) == (
+        "KV canary: this SimpleNamespace carries no 'kv_canary' inputs; the "
+        "ForwardBatch.init_new hook did not run for it (batches built another way, e.g. "
+        "two-batch-overlap children, do not have them)"
     )
 
 

@@ -106,13 +106,10 @@ def runner_of_batch(holder: Any) -> CanaryRunner:
 
     Raises:
         RuntimeError: ``holder`` has no carrier (it was not built by ``ForwardBatch.init_new``,
-            e.g. a two-batch-overlap child).
+            e.g. a two-batch-overlap child): :func:`carried_field`'s error.
     """
-    inputs = batch_inputs_of(holder)
-    if inputs is None:
-        raise RuntimeError(
-            f"KV canary: this {type(holder).__name__} carries no '{ATTRIBUTE}' inputs; they are "
-            "set by the ForwardBatch.init_new hook (batches built another way, e.g. "
-            "two-batch-overlap children, do not have them)"
-        )
-    return inputs.runner
+    return carried_field(
+        holder, "runner", what=f"'{ATTRIBUTE}' inputs",
+        consequence=" (batches built another way, e.g. two-batch-overlap children, do not "
+        "have them)",
+    )
