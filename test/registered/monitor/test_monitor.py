@@ -36,6 +36,7 @@ from sglang.srt.kv_canary.monitor.monitor import (
     CanaryMonitor,
 )
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
+from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX, PER_FORWARD_KINDS
 from sglang.srt.kv_canary.monitor.violation_reporter import (
     REPEATS_PREFIX,
     RING_OVERFLOW_PREFIX,
@@ -346,6 +347,51 @@ def test_stats_line_every_n_steps_from_the_snapshot(caplog) -> None:
     stats = [m for m in caplog.messages if m.startswith("KV canary stats:")]
     assert len(stats) == 2
     assert stats[-1].endswith("0 violations, 3 steps")  # the newest consumed snapshot: step 3
+
+
+def test_health_checks_and_stats_lines_come_at_their_multiples_after_a_whole_read(
+    caplog,
+) -> None:
+    """With the health check every 3 steps and the stats line every 5, they run at exactly those
+    multiples (a forward without request rows repeats its step and runs neither), the poll before
+    each reads the whole publication, and after the counters are discarded (serving starts, steps
+    count from 1 again) the multiples start over."""
+    caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
+    state = _State()
+    monitor = _monitor(state, stats_print_every_n_steps=5, health_check_every_n_steps=3)
+    mailbox = monitor._mailbox
+    whole_reads: list[int] = []
+    polled_step = [0]
+    mailbox.read = (
+        lambda read=mailbox.read: whole_reads.append(polled_step[0]) or read()
+    )
+
+    def serve(steps: int) -> tuple[list[int], list[int]]:
+        caplog.clear()
+        health, stats = [], []
+        for step in range(1, steps + 1):
+            polled_step[0] = step
+            monitor.poll()
+            for kind in PER_FORWARD_KINDS:
+                state.counters[COUNTER_KERNEL_RUNS + kind] += 1
+            lines = len(caplog.messages)
+            _forward(monitor, step)
+            if step % 4 == 0:  # an IDLE forward: the same step, nothing published
+                monitor.after_forward(steps=step, launches=step, publications=step)
+            new = caplog.messages[lines:]
+            health += [step] * sum(m.startswith(HEALTH_OK_PREFIX) for m in new)
+            stats += [step] * sum(m.startswith("KV canary stats:") for m in new)
+        return health, stats
+
+    health, stats = serve(30)
+    assert health == list(range(3, 31, 3))
+    assert stats == list(range(5, 31, 5))
+    periodic = set(health) | set(stats)
+    assert periodic <= set(whole_reads)  # the snapshot they read is the step before's
+    state.counters.zero_()
+    monitor.discard_pending()
+    health, stats = serve(7)
+    assert (health, stats) == ([3, 6], [5])
 
 
 def test_discarded_publications_are_never_reported(caplog) -> None:

@@ -1,5 +1,7 @@
-"""The per-batch carrier: a field the runner needs is read from it, or a batch without it is
-refused with an error naming what is missing and the hook that sets it."""
+"""The per-batch carrier: a ForwardBatch gets it with the request ids and the token-history
+snapshot under their public names, its SamplingBatchInfo with the ids only; a field the runner
+needs is read from it, or a batch without it is refused with an error naming what is missing and
+the hook that sets it."""
 
 import sys
 from types import SimpleNamespace
@@ -9,6 +11,7 @@ import pytest
 from sglang.srt.kv_canary.runner.batch_inputs import (
     CanaryBatchInputs,
     attach_batch_inputs,
+    attach_sampling_inputs,
     carried_field,
     runner_of_batch,
 )
@@ -22,6 +25,23 @@ def test_a_carried_field_is_returned() -> None:
     reqs = ["a", "b"]
     attach_batch_inputs(batch, CanaryBatchInputs(runner=None, extend_reqs=reqs))
     assert carried_field(batch, "extend_reqs", what="requests") is reqs
+
+
+def test_the_forward_batch_gets_the_public_views_and_its_sampling_info_the_ids() -> None:
+    flat, lens, rids, rooms = object(), object(), object(), object()
+    updates = SimpleNamespace(history_tokens_and_lens=lambda: (flat, lens))
+    inputs = CanaryBatchInputs(runner=None, rids_int=rids, bootstrap_room_ids_int=rooms,
+                               row_updates=updates)
+    forward_batch, sampling_info = SimpleNamespace(), SimpleNamespace()
+    attach_batch_inputs(forward_batch, inputs)
+    attach_sampling_inputs(sampling_info, inputs)
+    assert vars(forward_batch) == {
+        "kv_canary": inputs, "rids_int": rids, "bootstrap_room_ids_int": rooms,
+        "req_all_ids_flat": flat, "req_all_ids_lens": lens,
+    }
+    assert vars(sampling_info) == {
+        "kv_canary": inputs, "rids_int": rids, "bootstrap_room_ids_int": rooms,
+    }
 
 
 @pytest.mark.parametrize("carrier", [False, True])

@@ -48,6 +48,9 @@ class CounterMailbox:
         pinned = counters.device.type == "cuda"
         self._host = torch.zeros(counters.shape, dtype=torch.int64, pin_memory=pinned)
         self._words = self._host.numpy()
+        # the same words read one at a time: indexing a memoryview gives a Python int directly,
+        # a third of the time of ``int(self._words[i])`` (the per-forward peeks)
+        self._word_view = memoryview(self._words)
         self._labels: deque[_Label] = deque()
         self._last_labeled = 0
         self._last_read = 0
@@ -75,13 +78,13 @@ class CounterMailbox:
         """The violation counter of the host copy as it is now, unchecked: one word, which a
         landing copy writes whole (an older or a newer publication's count, never a mix). What
         :meth:`CanaryMonitor.poll` reads when it skips a whole read. Host only, never waits."""
-        return int(self._words[COUNTER_VIOLATIONS])
+        return self._word_view[COUNTER_VIOLATIONS]
 
     def peek_publications(self) -> int:
         """The number of the newest publication whose copy reached the host copy, unchecked (one
         word, as :meth:`peek_violations`): every stream operation enqueued before that
         publication has completed. Host only, never waits."""
-        return int(self._words[COUNTER_PUBLISHES])
+        return self._word_view[COUNTER_PUBLISHES]
 
     def read(self) -> CounterSnapshot | None:
         """The newest publication that arrived since the last read, with its label; None when

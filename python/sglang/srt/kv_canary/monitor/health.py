@@ -48,6 +48,10 @@ class HealthChecker:
         """Whether :meth:`check` runs after ``steps`` forward steps."""
         return steps % self._every == 0
 
+    def next_due(self, *, steps: int) -> int:
+        """The first step count from ``steps`` on at which :meth:`check` runs."""
+        return -(-steps // self._every) * self._every
+
     def check(self, *, steps: int, latest: CounterSnapshot) -> str | None:
         """Run the check when ``steps`` (forward steps completed) is a multiple of the interval.
 

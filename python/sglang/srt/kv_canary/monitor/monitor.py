@@ -64,6 +64,9 @@ class CanaryMonitor:
         self._last_idle_poll = float("-inf")
         self._polls_since_read = 0  # polls that read only the violation counter (see poll)
         self._periodic_next = False  # the next step runs the health check or prints stats
+        # the first step at which the health check or the stats line may be due (0: work it out
+        # at the next forward); the steps before it skip both with one comparison
+        self._next_periodic_step = 0
 
     def poll_idle(self) -> None:
         """:meth:`poll` from the scheduler's idle loop: at its first pass after a forward, then
@@ -136,14 +139,25 @@ class CanaryMonitor:
             return  # a forward without request rows: nothing new to check or print
         self._last_periodic_step = steps
         following = steps + 1  # the next poll reads whole before a periodic step
-        self._periodic_next = self._health.due(steps=following) or stats_due(
-            steps=following, every_n_steps=self._stats_every
-        )
+        if steps < self._next_periodic_step:
+            self._periodic_next = following == self._next_periodic_step
+            return
+        self._next_periodic_step = self._periodic_step_after(steps)
+        self._periodic_next = following == self._next_periodic_step
         health_line = self._health.check(steps=steps, latest=self._latest)
         if health_line is not None:
             logger.info(health_line + self._suffix)
         if stats_due(steps=steps, every_n_steps=self._stats_every):
             logger.info(stats_line(self._latest) + self._suffix)
+
+    def _periodic_step_after(self, steps: int) -> int:
+        """The first step after ``steps`` at which the health check or the stats line is due."""
+        following = steps + 1
+        health = self._health.next_due(steps=following)
+        if self._stats_every <= 0:
+            return health
+        stats = -(-following // self._stats_every) * self._stats_every
+        return min(health, stats)
 
     def discard_pending(self) -> None:
         """Forget the publications and the violations handled so far (the device counters were
@@ -153,4 +167,5 @@ class CanaryMonitor:
         self._polls_since_read = 0
         self._periodic_next = False
         self._last_periodic_step = 0
+        self._next_periodic_step = 0
         self._reporter.restart()

@@ -65,14 +65,22 @@ class CanaryBatchInputs:
 
 
 def attach_batch_inputs(holder: Any, inputs: CanaryBatchInputs) -> None:
-    """Set ``inputs`` on ``holder`` (a ForwardBatch or SamplingBatchInfo) with its public views."""
-    setattr(holder, ATTRIBUTE, inputs)
-    setattr(holder, RIDS_INT_ATTR, inputs.rids_int)
-    setattr(holder, BOOTSTRAP_ROOM_IDS_INT_ATTR, inputs.bootstrap_room_ids_int)
+    """Set ``inputs`` on ``holder`` (a ForwardBatch) with its public views: the request ids and
+    the token-history snapshot."""
+    attach_sampling_inputs(holder, inputs)
     history = None if inputs.row_updates is None else inputs.row_updates.history_tokens_and_lens()
     if history is not None:
         setattr(holder, REQ_ALL_IDS_FLAT_ATTR, history[0])
         setattr(holder, REQ_ALL_IDS_LENS_ATTR, history[1])
+
+
+def attach_sampling_inputs(holder: Any, inputs: CanaryBatchInputs) -> None:
+    """Set ``inputs`` on ``holder`` (a SamplingBatchInfo) with the request ids under their public
+    names: all the sampler and EAGLE verification read (the token-history snapshot is the
+    ForwardBatch's only)."""
+    setattr(holder, ATTRIBUTE, inputs)
+    setattr(holder, RIDS_INT_ATTR, inputs.rids_int)
+    setattr(holder, BOOTSTRAP_ROOM_IDS_INT_ATTR, inputs.bootstrap_room_ids_int)
 
 
 def batch_inputs_of(holder: Any) -> CanaryBatchInputs | None:

@@ -71,6 +71,7 @@ from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState, Sam
 from sglang.srt.kv_canary.runner.batch_inputs import (
     CanaryBatchInputs,
     attach_batch_inputs,
+    attach_sampling_inputs,
     batch_inputs_of,
     carried_field,
 )
@@ -608,12 +609,13 @@ class CanaryRunner:
             row_updates=row_updates,
             sampled_rows=sampled_rows,
             extend_reqs=reqs
-            if self.write_expectations is not None and expectations_built_on_host(forward_batch)
+            if self.write_expectations is not None and kind is not ForwardKind.DECODE
+            and expectations_built_on_host(forward_batch)  # (a DECODE batch's are not)
             else None,
         )
         attach_batch_inputs(forward_batch, inputs)
         if forward_batch.sampling_info is not None:
-            attach_batch_inputs(forward_batch.sampling_info, inputs)
+            attach_sampling_inputs(forward_batch.sampling_info, inputs)
 
     def on_pad_inputs(self, *, forward_batch: ForwardBatch, bs: int) -> None:
         """DP-attention / attention-TP padding: pad the request ids to ``bs`` rows with 0 / -1
@@ -639,7 +641,7 @@ class CanaryRunner:
         )
         attach_batch_inputs(forward_batch, padded)
         if forward_batch.sampling_info is not None:
-            attach_batch_inputs(forward_batch.sampling_info, padded)
+            attach_sampling_inputs(forward_batch.sampling_info, padded)
 
     def run_forward(self, *, forward_batch: ForwardBatch, forward: Callable[[], _T]) -> _T:
         """One ``ModelRunner.forward`` under the canary's host-side work, outside any graph:

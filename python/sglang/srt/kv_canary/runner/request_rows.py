@@ -326,6 +326,9 @@ class _UnitStepLayout:
     # writes the layout's ``words`` int64 words at the start of a buffer: one C call, about a
     # third of the time numpy takes to assign a Python list of 64 rows' words
     writer: struct.Struct
+    # the two public history views (RowUpdates.history_tokens_and_lens) of an upload in each
+    # ring slot, made at the slot's first use: the same views every step
+    ring_views: dict[int, tuple[torch.Tensor, torch.Tensor]]
 
     @classmethod
     def of(cls, *, bs: int, owner_chains: bool) -> _UnitStepLayout:
@@ -333,7 +336,7 @@ class _UnitStepLayout:
                                admissions=None)
         words = sum(sizes)
         return cls(segment_sizes=sizes, words=words, offsets=list(range(bs + 1)),
-                   writer=struct.Struct(f"={words}q"))
+                   writer=struct.Struct(f"={words}q"), ring_views={})
 
 
 def _segment_sizes(
@@ -638,20 +641,22 @@ class RequestRows:
             )
         ring = self._upload_buffers
         buffer = ring.take(layout.words)
-        words = [bs]
-        words += seq_lens
-        words += rows
-        words += history_lens
-        words += layout.offsets
-        words += tokens
-        layout.writer.pack_into(buffer.array, 0, *words)
+        layout.writer.pack_into(
+            buffer.array, 0, bs, *seq_lens, *rows, *history_lens, *layout.offsets, *tokens
+        )
         updates = RowUpdates(
             packed=buffer.tensor, segment_sizes=layout.segment_sizes, has_history=True,
             has_owners=self.keeps_owner_chains, has_admissions=False, commit_rows=(),
             commit_owners=(), commit_history_lens=(), unknown_owner_rows=0,
             steady_after=steady_after, upload_buffer=buffer, unit_append=True,
         )
-        updates._publish_ring_views(ring)
+        views = None if buffer.slot is None else layout.ring_views.get(buffer.slot)
+        if views is None:
+            updates._publish_ring_views(ring)
+            if buffer.slot is not None:
+                layout.ring_views[buffer.slot] = updates._public_views
+        else:
+            updates._public_views = views
         return updates
 
     def prepare_deferred(self, deferred: Sequence[DeferredAdmission]) -> RowUpdates:

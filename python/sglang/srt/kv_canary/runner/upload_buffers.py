@@ -108,7 +108,7 @@ class UploadBufferRing:
         self._marks[slot] = 0
         generation = self._generations[slot] = self._generations[slot] + 1
         tensor, array = self._view(slot, 0, words)
-        return UploadBuffer(tensor=tensor, array=array, slot=slot, generation=generation)
+        return UploadBuffer(tensor, array, slot, generation)  # positional: the cheaper call
 
     def view(self, buffer: UploadBuffer, *, start: int, words: int) -> torch.Tensor:
         """``buffer.tensor[start : start + words]``; for a ring slice, the same view object
