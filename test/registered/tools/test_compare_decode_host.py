@@ -1,0 +1,54 @@
+"""``benchmark/compare_decode_host.py`` runs on a CPU: it loads a git revision's package beside
+the installed one and prints both versions' medians and the per-round ratio for each batch size;
+bad arguments (and a revision git does not know) are refused with the flag, the value and what
+is allowed."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="kv-canary-cpu")
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "benchmark" / "compare_decode_host.py"
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    # a process of its own: the revision's package registers its own sampler factory
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_small_run_against_head_prints_both_versions_and_the_ratio() -> None:
+    done = _run("--against", "HEAD", "--rounds", "2", "--steps", "3", "--batches", "2")
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"batch 2: checkout [\d.]+, HEAD [\d.]+; checkout / HEAD by round [\d.]+ "
+        r"\(quartiles [\d.]+-[\d.]+, 2 rounds\)", line
+    ), line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rounds", "0"], "--rounds=0 is invalid; allowed: an integer >= 1"),
+        (["--steps", "0"], "--steps=0 is invalid; allowed: an integer >= 1"),
+        (["--batches", "1,x"], "--batches='1,x' is invalid; allowed: integers >= 1"),
+        (["--against", "no-such-revision"], "--against='no-such-revision': git failed"),
+    ],
+)
+def test_bad_arguments_are_refused(argv: list[str], message: str) -> None:
+    if "--against" not in argv:
+        argv = ["--against", "HEAD", *argv]
+    done = _run(*argv)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
