@@ -14,7 +14,13 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=30, suite="kv-canary-cpu")
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "benchmark" / "compare_decode_host.py"
+REPO = pathlib.Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "benchmark" / "compare_decode_host.py"
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode
+    != 0,
+    reason="the checkout is not a git work tree with a HEAD (the script compares revisions)",
+)
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
