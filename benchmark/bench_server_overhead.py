@@ -667,8 +667,9 @@ def measure_together(*, model: ModelShape, model_dir: pathlib.Path,
     configuration is then measured over the same minutes, so a slow spell of the machine falls
     on all of them, and the round-by-round pairs (:func:`round_pairs`) compare rounds run
     seconds apart. What stays is each server's own speed; on the H200 host most of it was the
-    vCPU its scheduler ran on, which ``pinning`` makes the same for every round. A sweep of warm-ups starts only if the model's warm-up estimate times the
-    servers still fits the deadline, a sweep of measured rounds only if the longest sweep so
+    vCPU its scheduler ran on, which ``pinning`` makes the same for every round. A sweep of
+    warm-ups starts only if the model's warm-up estimate times the servers still fits the
+    deadline, a sweep of measured rounds only if the longest sweep so
     far (at first the model's round estimate times the servers) fits. A server that fails to
     start, or whose round fails, is reported so and left out of the later rounds.
     ``pinning``: each server's scheduler waits on a core of its own (``pinning.parked``, one

@@ -522,7 +522,6 @@ def check_targets(*, workload: Workload, rows: Sequence[Row],
     return verdicts
 
 
-
 def check_round_targets(*, by_round: Sequence[RoundPairs], targets: Sequence[Target],
                         baselines: Mapping[str, str | None]) -> list[str]:
     """Each throughput target checked on the round-by-round ratios of its configuration
@@ -545,6 +544,7 @@ def check_round_targets(*, by_round: Sequence[RoundPairs], targets: Sequence[Tar
         lines.append(f"{target.describe()}: {median:.3f}{spread} {'met' if met else 'MISSED'}"
                      + (" (within quartiles)" if straddles else ""))
     return lines
+
 
 # ----------------------------------------------------------------------------- printing
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind
 from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT, CounterSnapshot
+from sglang.srt.kv_canary.monitor.stats import next_multiple
 
 PER_FORWARD_KINDS: tuple[CheckKind, ...] = (
     CheckKind.PRE_VERIFY,
@@ -50,7 +51,7 @@ class HealthChecker:
 
     def next_due(self, *, steps: int) -> int:
         """The first step count from ``steps`` on at which :meth:`check` runs."""
-        return -(-steps // self._every) * self._every
+        return next_multiple(steps=steps, every_n_steps=self._every)
 
     def check(self, *, steps: int, latest: CounterSnapshot) -> str | None:
         """Run the check when ``steps`` (forward steps completed) is a multiple of the interval.

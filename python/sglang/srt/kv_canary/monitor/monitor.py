@@ -24,7 +24,7 @@ from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.monitor.health import HealthChecker
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
 from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT
-from sglang.srt.kv_canary.monitor.stats import stats_due, stats_line
+from sglang.srt.kv_canary.monitor.stats import next_multiple, stats_due, stats_line
 from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
 
 logger = logging.getLogger(__name__)
@@ -156,8 +156,7 @@ class CanaryMonitor:
         health = self._health.next_due(steps=following)
         if self._stats_every <= 0:
             return health
-        stats = -(-following // self._stats_every) * self._stats_every
-        return min(health, stats)
+        return min(health, next_multiple(steps=following, every_n_steps=self._stats_every))
 
     def discard_pending(self) -> None:
         """Forget the publications and the violations handled so far (the device counters were

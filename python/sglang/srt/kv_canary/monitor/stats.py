@@ -39,3 +39,9 @@ def stats_line(snapshot: CounterSnapshot) -> str:
 def stats_due(*, steps: int, every_n_steps: int) -> bool:
     """True when the line is due after ``steps`` forwards (``every_n_steps`` 0 turns it off)."""
     return every_n_steps > 0 and steps % every_n_steps == 0
+
+
+def next_multiple(*, steps: int, every_n_steps: int) -> int:
+    """The first multiple of ``every_n_steps`` (>= 1) from ``steps`` on: the next step at which a
+    line or check due every ``every_n_steps`` steps runs."""
+    return -(-steps // every_n_steps) * every_n_steps

@@ -609,8 +609,7 @@ class CanaryRunner:
             row_updates=row_updates,
             sampled_rows=sampled_rows,
             extend_reqs=reqs
-            if self.write_expectations is not None and kind is not ForwardKind.DECODE
-            and expectations_built_on_host(forward_batch)  # (a DECODE batch's are not)
+            if self.write_expectations is not None and expectations_built_on_host(forward_batch)
             else None,
         )
         attach_batch_inputs(forward_batch, inputs)
