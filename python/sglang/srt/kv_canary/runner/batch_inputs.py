@@ -1,6 +1,6 @@
 """The per-batch carrier: what the canary attaches to one ``ForwardBatch``.
 
-One frozen :class:`CanaryBatchInputs` is built by the ``ForwardBatch.init_new`` hook and set
+One :class:`CanaryBatchInputs` is built by the ``ForwardBatch.init_new`` hook and set
 under one attribute, :data:`ATTRIBUTE`, on the ``ForwardBatch`` and on its
 ``SamplingBatchInfo`` (the sampler and EAGLE verification only see the latter). It carries
 everything the runner's later events need about the batch, plus the runner itself so that a hook
@@ -37,9 +37,13 @@ REQ_ALL_IDS_FLAT_ATTR = "req_all_ids_flat"
 REQ_ALL_IDS_LENS_ATTR = "req_all_ids_lens"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class CanaryBatchInputs:
     """What one forward batch carries for the canary (every field optional by feature).
+
+    Never changed once attached (:meth:`replace` makes a new one), but not a frozen dataclass:
+    one is built per forward on the decode step's host path, where a frozen dataclass's
+    field-by-field ``object.__setattr__`` costs about three times a plain one's construction.
 
     Attributes:
         runner: the model runner's canary that built this.
