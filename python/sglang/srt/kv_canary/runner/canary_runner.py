@@ -99,7 +99,6 @@ from sglang.srt.kv_canary.runner.memory_budget import (
     seq_lens_mirror_rows,
     uniform_block_rows,
 )
-from sglang.srt.kv_canary.runner.driver_copy import DriverCopy
 from sglang.srt.kv_canary.runner.model_forward import install_model_forward
 from sglang.srt.kv_canary.runner.refusals import (
     CanaryUnsupportedError,
@@ -363,7 +362,6 @@ class CanaryRunner:
         pin_memory = self._device.type == "cuda"
         self._upload_buffers = UploadBufferRing(
             slots=UPLOAD_BUFFER_SLOTS, words=UPLOAD_BUFFER_WORDS, pin_memory=pin_memory,
-            slot_copy=DriverCopy(device_index=self._device_index()) if pin_memory else None,
         )
         self.request_rows = RequestRows(
             num_rows=rows, token_history=self.token_history is not None, owner_chains=True,
@@ -974,12 +972,6 @@ class CanaryRunner:
         return result
 
     # ================================================================= internals
-
-    def _device_index(self) -> int:
-        """The CUDA device index of this runner (``model_runner.device`` may name no index: the
-        scheduler process's current device then)."""
-        index = self._device.index
-        return torch.cuda.current_device() if index is None else index
 
     def _upload(self, forward_batch: ForwardBatch) -> None:
         """Copy the batch's row updates to the device and apply them (outside graphs, on the

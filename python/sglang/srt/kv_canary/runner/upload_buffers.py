@@ -23,10 +23,6 @@ check enforces after; so the ring stays closed until :meth:`UploadBufferRing.ope
 capture forwards get buffers of their own). The ring reads ``landed()`` only when the last value
 it read is older than the mark of the slot it is about to reuse.
 
-On CUDA a ring slot's copy is one driver call (:mod:`.driver_copy`), not ``Tensor.copy_``:
-the ring's own completion tracking is all a slot needs, so torch's dispatch and the host
-allocator's event record per copy are left out; a buffer of its own keeps ``Tensor.copy_``.
-
 A buffer taken but never copied (a batch that never runs) is simply reused. A buffer taken and
 then handed out again before its own copy (more than :data:`UPLOAD_BUFFER_SLOTS` packs before
 one upload, which the runner never does) is refused loudly at the copy.
@@ -35,7 +31,7 @@ one upload, which the runner never does) is refused loudly at the copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -58,13 +54,6 @@ class UploadBuffer(NamedTuple):
     generation: int = 0
 
 
-class SlotCopy(Protocol):
-    """Enqueues the copy of a ring slot's words into device words on the current stream, never
-    waiting (:class:`~.driver_copy.DriverCopy`)."""
-
-    def __call__(self, *, host: torch.Tensor, device: torch.Tensor) -> None: ...
-
-
 class UploadBufferRing:
     """Round-robin host buffers for uploads (see the module docstring).
 
@@ -72,17 +61,12 @@ class UploadBufferRing:
         slots: buffers in the ring.
         words: int64 words per buffer.
         pin_memory: pinned buffers (CUDA).
-        slot_copy: copies a ring slot to the device (CUDA: one driver call,
-            :mod:`.driver_copy`); None, or a buffer of its own: ``Tensor.copy_``.
     """
 
-    def __init__(
-        self, *, slots: int, words: int, pin_memory: bool, slot_copy: SlotCopy | None = None
-    ) -> None:
+    def __init__(self, *, slots: int, words: int, pin_memory: bool) -> None:
         if slots < 1 or words < 1:
             raise ValueError(f"slots and words must be >= 1, got {slots} and {words}")
         self._pin_memory = pin_memory
-        self._slot_copy = slot_copy
         self._buffers = [
             torch.empty((words,), dtype=torch.int64, pin_memory=pin_memory) for _ in range(slots)
         ]
@@ -162,11 +146,6 @@ class UploadBufferRing:
                 f"(generation {buffer.generation}, now {self._generations[slot]}): more than "
                 f"{len(self._buffers)} row updates were packed before one was uploaded"
             )
-        if slot is None:  # a block of torch's host allocator: torch must see the copy
-            to.copy_(buffer.tensor, non_blocking=True)
-            return
-        if self._slot_copy is None:
-            to.copy_(buffer.tensor, non_blocking=True)
-        else:
-            self._slot_copy(host=buffer.tensor, device=to)
-        self._marks[slot] = mark
+        to.copy_(buffer.tensor, non_blocking=True)
+        if slot is not None:
+            self._marks[slot] = mark
