@@ -684,9 +684,11 @@ def test_a_warm_up_that_does_not_fit_is_skipped() -> None:
 
 def _iterate(clock: _FakeClock, *, budget_s: float, configs: tuple[str, ...], cost_s: float,
              statuses: dict[str, str] | None = None, repeat_first: bool = True,
-             seen: list | None = None, cycles: int = 1) -> list:
+             seen: list | None = None, cycles: int = 1,
+             startups: dict[str, float] | None = None) -> list:
     """Results of ``iter_model_results`` on the tiny model with stand-in servers that cost
-    ``cost_s`` each and measure one bs1 round (unless ``statuses`` says otherwise)."""
+    ``cost_s`` each (``startups[name]`` of it to be ready; default 0) and measure one bs1
+    round (unless ``statuses`` says otherwise)."""
     def measure(*, config, run, deadline, estimates, **_: object):
         if seen is not None:
             seen.append((config.name, run, deadline.end, dict(estimates)))
@@ -696,7 +698,8 @@ def _iterate(clock: _FakeClock, *, budget_s: float, configs: tuple[str, ...], co
             workload="bs1", status="measured", rounds=(_timing(),), warm_up=_timing(),
             warm_up_s=7.0, longest_round_s=3.0)}
         return table.ConfigResult(config=config.name, run=run, status=status, workloads=rounds,
-                                  duration_s=cost_s)
+                                  duration_s=cost_s,
+                                  startup_s=(startups or {}).get(config.name, 0.0))
 
     return list(bench.iter_model_results(
         model=bench.MODELS["tiny"], model_dir=pathlib.Path("unused"),
@@ -763,6 +766,26 @@ def test_the_repeat_is_skipped_when_the_first_or_every_other_server_measured_not
     assert [r.label for r in results] == ["off", "all-checks"]
     assert [r.label for r in _iterate(_FakeClock(), budget_s=1000.0, configs=("off",),
                                       cost_s=10.0)] == ["off"]
+
+
+def test_a_cold_first_start_up_does_not_crowd_out_the_next_server() -> None:
+    """A fresh machine's first server starts cold (the 8B model's once took 187 s, the next
+    103 s): the next estimate counts start-up as the quickest seen or the model's estimate
+    (110 s for the tiny model), not the cold one."""
+    results = _iterate(_FakeClock(), budget_s=549.0, configs=("off", "all-checks"),
+                       cost_s=278.0, startups={"off": 187.0}, repeat_first=False)
+    # all-checks: 278 - 187 + 110 = 201 s <= 271 s left (278 s counted whole would not fit)
+    assert [(r.label, r.status) for r in results] == [
+        ("off", "measured"), ("all-checks", "measured")]
+    results = _iterate(_FakeClock(), budget_s=450.0, configs=("off", "all-checks"),
+                       cost_s=278.0, startups={"off": 187.0}, repeat_first=False)
+    assert results[-1].status == "skipped: time budget (201 s needed, 172 s left)"
+    results = _iterate(_FakeClock(), budget_s=260.0, configs=("off", "all-checks"),
+                       cost_s=100.0, startups={"off": 40.0, "all-checks": 90.0}, cycles=2)
+    # quicker than the model's estimate, the quickest start-up seen counts: off#2 needs
+    # 100 - 90 + 40 = 50 s of the 60 s left; all-checks#2 100 - 40 + 40 s
+    assert [r.status for r in results] == [
+        "measured", "measured", "measured", "skipped: time budget (100 s needed, 0 s left)"]
 
 
 def test_a_refused_config_does_not_set_the_estimate() -> None:
