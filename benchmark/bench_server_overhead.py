@@ -846,15 +846,14 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
     > 1 the configurations are run ``cycles`` times in turn instead (run ``k`` in cycle ``k``;
     no repeat at the end: the later cycles show the drift).
 
-    A server starts only if the estimate of one server (the duration of the last fully measured
-    one of this model, its start-up counted as the quickest start-up seen so far or the model's
-    ``startup_estimate_s``, whichever is less: a fresh machine's first server starts cold, the
-    8B model's once in 187 s against 78-103 s after; before any, ``model.first_config_estimate_s``)
-    is left, plus, from the
-    third server on, as much again kept for the final repeat; else it is ``skipped: time
-    budget``. Those servers measure against a deadline earlier by the time
-    kept. (The second server gets the whole budget: a comparison comes before the drift
-    check.) The repeat is skipped, and no time is kept for it, when the first server measured
+    A server starts only if the estimate of one server is left, plus, from the third server on,
+    as much again kept for the final repeat; else it is ``skipped: time budget``. The estimate is
+    the duration of the last fully measured server of this model, its start-up counted as the
+    quickest start-up seen so far or the model's ``startup_estimate_s``, whichever is less (a
+    fresh machine's first server starts cold: the 8B model's once in 187 s against 78-103 s
+    after); before any, ``model.first_config_estimate_s``. Those servers measure against a
+    deadline earlier by the time kept. (The second server gets the whole budget: a comparison
+    comes before the drift check.) The repeat is skipped, and no time is kept for it, when the first server measured
     nothing; it is also skipped when no other server measured anything.
     """
     repeat_planned = repeat_first and len(configs) > 1 and cycles == 1
