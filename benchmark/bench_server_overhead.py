@@ -853,8 +853,8 @@ def iter_model_results(*, model: ModelShape, model_dir: pathlib.Path,
     fresh machine's first server starts cold: the 8B model's once in 187 s against 78-103 s
     after); before any, ``model.first_config_estimate_s``. Those servers measure against a
     deadline earlier by the time kept. (The second server gets the whole budget: a comparison
-    comes before the drift check.) The repeat is skipped, and no time is kept for it, when the first server measured
-    nothing; it is also skipped when no other server measured anything.
+    comes before the drift check.) The repeat is skipped, and no time is kept for it, when the
+    first server measured nothing; it is also skipped when no other server measured anything.
     """
     repeat_planned = repeat_first and len(configs) > 1 and cycles == 1
     plan = run_plan(configs=configs, cycles=cycles, repeat_first=repeat_first)
