@@ -271,14 +271,47 @@ def workload_rows(*, workload: Workload, results: Sequence[ConfigResult],
 MODEL_CONTROLS = ("Qwen3DecoderLayer.forward", "LlamaDecoderLayer.forward")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimedFunction:
+    """One entry of a host-timer line: ``name 12.3us x1.00`` (mean µs per call, calls per
+    forward)."""
+
+    name: str
+    mean_us: float
+    calls_per_forward: float
+
+    @property
+    def per_forward_us(self) -> float:
+        return self.mean_us * self.calls_per_forward
+
+
+def timer_entries(line: str, *, strict: bool = False) -> dict[str, TimedFunction]:
+    """The entries of a host-timer line (``KV canary host timers over N forwards: name 12.3us
+    x1.00, ...``) by name; an empty dict for an empty line.
+
+    Raises:
+        ValueError: ``strict`` and an entry that is not ``name <float>us x<float>`` (without
+            ``strict`` such an entry is left out).
+    """
+    entries: dict[str, TimedFunction] = {}
+    for entry in filter(None, line.partition(": ")[2].split(", ")):
+        parts = entry.strip().split(" ")
+        try:
+            if len(parts) != 3 or not parts[1].endswith("us") or not parts[2].startswith("x"):
+                raise ValueError
+            entries[parts[0]] = TimedFunction(name=parts[0], mean_us=float(parts[1][:-2]),
+                                              calls_per_forward=float(parts[2][1:]))
+        except ValueError:
+            if strict:
+                raise ValueError(f"not a host-timer entry: {entry!r}") from None
+    return entries
+
+
 def timer_mean_us(line: str, name: str) -> float | None:
     """The mean µs per call of ``name`` in a host-timer line (``...: name 12.3us x1.00, ...``),
     or None where the line does not list it."""
-    for entry in line.partition(": ")[2].split(", "):
-        parts = entry.split(" ")
-        if len(parts) == 3 and parts[0] == name and parts[1].endswith("us"):
-            return float(parts[1][:-2])
-    return None
+    entry = timer_entries(line).get(name)
+    return None if entry is None else entry.mean_us
 
 
 def model_control_us(result: ConfigResult, *, workload: Workload) -> tuple[str, float] | None:

@@ -34,42 +34,16 @@ import pathlib
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from server_overhead_table import ConfigResult  # noqa: E402
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TimedFunction:
-    """One entry of a host-timer line: ``name mean_usus xcalls``."""
-
-    name: str
-    mean_us: float
-    calls_per_forward: float
-
-    @property
-    def per_forward_us(self) -> float:
-        return self.mean_us * self.calls_per_forward
+from server_overhead_table import ConfigResult, TimedFunction, timer_entries  # noqa: E402
 
 
 def parse_timer_line(line: str) -> dict[str, TimedFunction]:
-    """The entries of ``KV canary host timers over N forwards: name 12.3us x1.00, ...`` by name
-    (an empty dict for an empty line).
-
-    Raises:
-        ValueError: an entry that is not ``name <float>us x<float>``.
-    """
-    body = line.partition("forwards: ")[2]
-    entries: dict[str, TimedFunction] = {}
-    for entry in filter(None, body.split(", ")):
-        parts = entry.strip().split(" ")
-        if len(parts) != 3 or not parts[1].endswith("us") or not parts[2].startswith("x"):
-            raise ValueError(f"not a host-timer entry: {entry!r}")
-        entries[parts[0]] = TimedFunction(name=parts[0], mean_us=float(parts[1][:-2]),
-                                          calls_per_forward=float(parts[2][1:]))
-    return entries
+    """The entries of one host-timer line by name (:func:`server_overhead_table.timer_entries`,
+    strict: a malformed entry raises ``ValueError``)."""
+    return timer_entries(line, strict=True)
 
 
 def pairs_of(results: Sequence[ConfigResult],
