@@ -87,7 +87,7 @@ the default budget measures ``off`` and ``all-checks`` of the 8b model, and ever
 server. Usage (on a GPU host with sglang 0.5.12.post1 and sglang-kv-canary installed)::
 
     python benchmark/bench_server_overhead.py [--models 8b,tiny] [--configs off,all-checks,...]
-        [--workloads decode64,prefill64x512,...] [--repeats 3] [--out FILE.json]
+        [--workloads decode64,prefill64x512,...] [--repeats 3 | tiny=12,8b=3] [--out FILE.json]
         [--log-dir DIR] [--time-budget-s 570] [--no-repeat-first] [--cycles N]
         [--pin-scheduler] [--host-timers N] [--eagle-steps N] [--warm-start]
         [--together tiny]
@@ -1018,7 +1018,7 @@ class BenchOptions:
     models: tuple[str, ...]
     configs: tuple[str, ...]
     workloads: tuple[str, ...]
-    repeats: int
+    repeats: int  # measured rounds per workload of a model not in ``repeats_by_model``
     out: pathlib.Path | None
     log_dir: pathlib.Path | None
     time_budget_s: float
@@ -1029,6 +1029,11 @@ class BenchOptions:
     pin_scheduler: bool = False
     warm_start: bool = False
     together: tuple[str, ...] = ()  # models whose servers run at once (measure_together)
+    repeats_by_model: tuple[tuple[str, int], ...] = ()  # (model, rounds) named in --repeats
+
+    def repeats_for(self, model: str) -> int:
+        """Measured rounds per workload of ``model``."""
+        return dict(self.repeats_by_model).get(model, self.repeats)
 
     def to_json(self) -> dict[str, object]:
         return {**{key: value for key, value in dataclasses.asdict(self).items()
@@ -1047,6 +1052,30 @@ def _names(parser: argparse.ArgumentParser, *, option: str, text: str,
     return names
 
 
+def _repeats(parser: argparse.ArgumentParser,
+             text: str) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """``--repeats``: the rounds of the models not named (3 unless a bare number is given) and
+    the named models' rounds, in the order given."""
+    default = 3
+    by_model: dict[str, int] = {}
+    for part in (part.strip() for part in text.split(",")):
+        name, _, number = part.rpartition("=")
+        name = name.strip()
+        try:
+            rounds = int(number)
+        except ValueError:
+            rounds = 0
+        if rounds < 1 or (name and name not in MODELS) or (not name and "=" in part):
+            parser.error(f"--repeats={text!r} is invalid; allowed: an integer >= 1, or "
+                         f"MODEL=N pairs (MODEL one of {', '.join(MODELS)}, N >= 1) separated "
+                         "by commas, with at most one bare integer for the other models")
+        if name:
+            by_model[name] = rounds
+        else:
+            default = rounds
+    return default, tuple(by_model.items())
+
+
 def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     """The options; bad values exit with status 2 and a message naming the option."""
     parser = argparse.ArgumentParser(prog="bench_server_overhead.py",
@@ -1060,8 +1089,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     parser.add_argument("--workloads", default=",".join(WORKLOADS_BY_NAME),
                         help=f"comma-separated, in run order, of {', '.join(WORKLOADS_BY_NAME)} "
                              "(default: all)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="measured rounds per workload; the median is reported (default 3)")
+    parser.add_argument("--repeats", default="3", metavar="N|MODEL=N,...",
+                        help="measured rounds per workload; the median is reported. A number, "
+                             "or per model (tiny=12,8b=3; a bare number among them is the "
+                             "rounds of the models not named) (default 3)")
     parser.add_argument("--out", type=pathlib.Path, default=None,
                         help="also write every number as JSON here (rewritten after each server)")
     parser.add_argument("--log-dir", type=pathlib.Path, default=None,
@@ -1111,8 +1142,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     if namespace.host_timers < 0:
         parser.error(f"--host-timers={namespace.host_timers} is invalid; allowed: an integer "
                      ">= 0 (0: off)")
-    if namespace.repeats < 1:
-        parser.error(f"--repeats={namespace.repeats} is invalid; allowed: an integer >= 1")
+    repeats, repeats_by_model = _repeats(parser, namespace.repeats)
     if not namespace.time_budget_s > 0:
         parser.error(f"--time-budget-s={namespace.time_budget_s} is invalid; allowed: > 0")
     return BenchOptions(
@@ -1121,7 +1151,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                        allowed=list(CONFIGS)),
         workloads=_names(parser, option="--workloads", text=namespace.workloads,
                          allowed=list(WORKLOADS_BY_NAME)),
-        repeats=namespace.repeats, out=namespace.out, log_dir=namespace.log_dir,
+        repeats=repeats, repeats_by_model=repeats_by_model, out=namespace.out, log_dir=namespace.log_dir,
         time_budget_s=namespace.time_budget_s, repeat_first=namespace.repeat_first,
         host_timers=namespace.host_timers, eagle_steps=namespace.eagle_steps,
         cycles=namespace.cycles, pin_scheduler=namespace.pin_scheduler,
@@ -1329,12 +1359,12 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
                       + ("" if pinning is None else f"; {pinning.describe()}"), flush=True)
                 model_results: Iterable[ConfigResult] = together(
                     model=model, model_dir=model_dir, plan=plan, workloads=workloads,
-                    repeats=options.repeats, deadline=deadline, log_dir=log_dir,
+                    repeats=options.repeats_for(name), deadline=deadline, log_dir=log_dir,
                     pinning=pinning)
             else:
                 model_results = iter_model_results(
                     model=model, model_dir=model_dir, configs=configs, workloads=workloads,
-                    repeats=options.repeats, deadline=deadline, log_dir=log_dir,
+                    repeats=options.repeats_for(name), deadline=deadline, log_dir=log_dir,
                     repeat_first=options.repeat_first, cycles=options.cycles, measure=measure,
                 )
             for result in model_results:
@@ -1348,7 +1378,8 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
                         json.dumps(report_json(options=options, results=results), indent=1)
                         + "\n", encoding="utf-8")
             print("\n" + format_model_report(model=model, workloads=workloads,
-                                             results=results[name], repeats=options.repeats,
+                                             results=results[name],
+                                             repeats=options.repeats_for(name),
                                              together=name in options.together)
                   + "\n", flush=True)
     return 0

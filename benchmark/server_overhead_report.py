@@ -31,6 +31,7 @@ def report_from_json(data: Mapping[str, object]) -> str:
     """
     options = data["options"]
     workloads = [WORKLOADS_BY_NAME[name] for name in options["workloads"]]
+    rounds_by_model = dict(options.get("repeats_by_model", ()))  # --repeats MODEL=N
     blocks = []
     for name, model_data in data["models"].items():
         model = MODELS[name]
@@ -38,7 +39,7 @@ def report_from_json(data: Mapping[str, object]) -> str:
             model = with_eagle(model, draft_dir=_DRAFT_PLACEHOLDER, steps=options["eagle_steps"])
         results = [ConfigResult.from_json(item) for item in model_data["results"]]
         blocks.append(format_model_report(model=model, workloads=workloads, results=results,
-                                          repeats=options["repeats"],
+                                          repeats=rounds_by_model.get(name, options["repeats"]),
                                           together=name in options.get("together", ())))
     return "\n\n".join(blocks)
 

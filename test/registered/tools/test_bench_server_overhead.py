@@ -62,13 +62,25 @@ def test_lists_keep_order_and_drop_repeats(tmp_path: pathlib.Path) -> None:
     assert options.out == tmp_path / "bench.json" and options.log_dir == tmp_path / "logs"
 
 
+def test_repeats_can_differ_per_model() -> None:
+    options = bench.parse_args(["--models", "tiny,8b", "--repeats", "tiny=12, 8b=2"])
+    assert (options.repeats_for("tiny"), options.repeats_for("8b")) == (12, 2)
+    options = bench.parse_args(["--models", "tiny,8b", "--repeats", "4,tiny=12"])
+    assert (options.repeats_for("tiny"), options.repeats_for("8b")) == (12, 4)
+    assert bench.parse_args(["--repeats", "5"]).repeats_for("8b") == 5
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["--models", "tiny,70b"], "--models='tiny,70b' is invalid; allowed: a comma-separated list "
                                "of 8b, tiny"),
     (["--models", ","], "--models=',' is invalid"),
     (["--configs", "off,canary-all"], "--configs='off,canary-all' is invalid"),
     (["--workloads", "decode64,decode128"], "--workloads='decode64,decode128' is invalid"),
-    (["--repeats", "0"], "--repeats=0 is invalid; allowed: an integer >= 1"),
+    (["--repeats", "0"], "--repeats='0' is invalid; allowed: an integer >= 1, or MODEL=N pairs"),
+    (["--repeats", "tiny=0"], "--repeats='tiny=0' is invalid"),
+    (["--repeats", "70b=3"], "--repeats='70b=3' is invalid"),
+    (["--repeats", "=3"], "--repeats='=3' is invalid"),
+    (["--repeats", "tiny=x"], "--repeats='tiny=x' is invalid"),
     (["--time-budget-s", "0"], "--time-budget-s=0.0 is invalid; allowed: > 0"),
     (["--host-timers", "-1"], "--host-timers=-1 is invalid; allowed: an integer >= 0 (0: off)"),
     (["--eagle-steps", "-2"], "--eagle-steps=-2 is invalid; allowed: an integer >= 0 (0: off)"),
@@ -1410,6 +1422,30 @@ def test_a_warm_start_runs_the_warm_ups_on_a_throwaway_server_first(
                             config=bench.CONFIGS["off"], workloads=[], deadline=deadline,
                             log_dir=tmp_path, measure=measure)
     assert line.startswith("[tiny] warm start skipped: time budget (110 s needed")
+
+
+def test_each_model_is_measured_and_reported_with_its_own_rounds(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[tuple[str, str, int]] = []
+
+    def measure(*, model, config, run, repeats, **_: object) -> table.ConfigResult:
+        calls.append((model.name, config.name, repeats))
+        return table.ConfigResult(config=config.name, run=run, status=bench.MEASURED,
+                                  startup_s=1.0, duration_s=2.0,
+                                  log_path=f"{config.name}-{run}.log")
+
+    out = tmp_path / "bench.json"
+    assert bench.main(["--models", "tiny,8b", "--configs", "off", "--workloads", "bs1",
+                       "--repeats", "tiny=5,8b=2", "--no-repeat-first", "--out", str(out),
+                       "--log-dir", str(tmp_path / "logs")], measure=measure) == 0
+    assert calls == [("tiny", "off", 5), ("8b", "off", 2)]
+    printed = capsys.readouterr().out
+    assert "median of 5 measured rounds" in printed.split("== 8b:")[0]
+    assert "median of 2 measured rounds" in printed.split("== 8b:")[1]
+    assert report_script.main([str(out)]) == 0
+    again = capsys.readouterr().out
+    assert "median of 5 measured rounds" in again.split("== 8b:")[0]
+    assert "median of 2 measured rounds" in again.split("== 8b:")[1]
 
 
 @pytest.mark.parametrize("argv", [[], ["--help"]])
