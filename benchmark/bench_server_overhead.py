@@ -1056,7 +1056,7 @@ def _repeats(parser: argparse.ArgumentParser,
              text: str) -> tuple[int, tuple[tuple[str, int], ...]]:
     """``--repeats``: the rounds of the models not named (3 unless a bare number is given) and
     the named models' rounds, in the order given."""
-    default = 3
+    default: int | None = None
     by_model: dict[str, int] = {}
     for part in (part.strip() for part in text.split(",")):
         name, _, number = part.rpartition("=")
@@ -1065,15 +1065,18 @@ def _repeats(parser: argparse.ArgumentParser,
             rounds = int(number)
         except ValueError:
             rounds = 0
-        if rounds < 1 or (name and name not in MODELS) or (not name and "=" in part):
+        repeated = name in by_model if name else default is not None
+        if (rounds < 1 or repeated or (name and name not in MODELS)
+                or (not name and "=" in part)):
             parser.error(f"--repeats={text!r} is invalid; allowed: an integer >= 1, or "
-                         f"MODEL=N pairs (MODEL one of {', '.join(MODELS)}, N >= 1) separated "
-                         "by commas, with at most one bare integer for the other models")
+                         f"MODEL=N pairs (MODEL one of {', '.join(MODELS)}, N >= 1, each model "
+                         "once) separated by commas, with at most one bare integer for the "
+                         "other models")
         if name:
             by_model[name] = rounds
         else:
             default = rounds
-    return default, tuple(by_model.items())
+    return 3 if default is None else default, tuple(by_model.items())
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
@@ -1151,7 +1154,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                        allowed=list(CONFIGS)),
         workloads=_names(parser, option="--workloads", text=namespace.workloads,
                          allowed=list(WORKLOADS_BY_NAME)),
-        repeats=repeats, repeats_by_model=repeats_by_model, out=namespace.out, log_dir=namespace.log_dir,
+        repeats=repeats, repeats_by_model=repeats_by_model, out=namespace.out,
+        log_dir=namespace.log_dir,
         time_budget_s=namespace.time_budget_s, repeat_first=namespace.repeat_first,
         host_timers=namespace.host_timers, eagle_steps=namespace.eagle_steps,
         cycles=namespace.cycles, pin_scheduler=namespace.pin_scheduler,

@@ -81,6 +81,8 @@ def test_repeats_can_differ_per_model() -> None:
     (["--repeats", "70b=3"], "--repeats='70b=3' is invalid"),
     (["--repeats", "=3"], "--repeats='=3' is invalid"),
     (["--repeats", "tiny=x"], "--repeats='tiny=x' is invalid"),
+    (["--repeats", "3,4"], "--repeats='3,4' is invalid"),
+    (["--repeats", "tiny=3,tiny=4"], "--repeats='tiny=3,tiny=4' is invalid"),
     (["--time-budget-s", "0"], "--time-budget-s=0.0 is invalid; allowed: > 0"),
     (["--host-timers", "-1"], "--host-timers=-1 is invalid; allowed: an integer >= 0 (0: off)"),
     (["--eagle-steps", "-2"], "--eagle-steps=-2 is invalid; allowed: an integer >= 0 (0: off)"),
