@@ -15,13 +15,22 @@ counting the publication, and copies the counters, a host copy of 13 words).
 Columns: median µs per decode step of each hook and their sum. Runs on any machine (no GPU; the
 device is the CPU, so copies are host copies): compare versions on one machine, not absolute
 figures across machines.
-Usage: ``python benchmark/bench_decode_host.py [--steps 400] [--batches 1,64]``
+
+``--steady-floor`` measures each batch size a second time, side by side, with
+``RequestRows.prepare`` answering a steady batch (the same request objects as the committed one)
+with the updates it returned for the forward before: such a step reads no request, packs nothing
+and uploads nothing (the runner skips an upload it has already made). That is not a mode of the
+canary (the device would learn none of the new tokens); it is the floor of these two hooks, what a
+design that took the steady step's per-row host work off the host could at most save.
+Usage: ``python benchmark/bench_decode_host.py [--steps 400] [--batches 1,64] [--rounds 1]
+[--steady-floor]``
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import operator
 import random
 import statistics
 import sys
@@ -35,6 +44,7 @@ from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
 from sglang.srt.kv_canary.hooks.model_runner import around_forward
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
+from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
 from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
@@ -111,9 +121,33 @@ class _StepTimer:
         CanaryRunner.on_init_new, CanaryRunner.run_forward = self._originals
 
 
-def measure(*, requests: int, steps: int) -> tuple[float, float]:
+class _SteadyFloor:
+    """``--steady-floor`` (module docstring): ``RequestRows.prepare`` wrapped so that a batch of
+    the committed steady batch's request objects gets the previous forward's updates again
+    (:meth:`undo` restores it)."""
+
+    def __init__(self) -> None:
+        self._original = prepare = RequestRows.prepare
+        last: dict[int, RowUpdates] = {}  # per RequestRows (by id), its last answer
+
+        def steady_floor_prepare(rows: RequestRows, *, reqs: Any, **kwargs: Any) -> RowUpdates:
+            steady = rows._steady
+            previous = last.get(id(rows))
+            if (previous is not None and steady is not None and len(reqs) == len(steady.reqs)
+                    and all(map(operator.is_, reqs, steady.reqs))):
+                return previous
+            updates = last[id(rows)] = prepare(rows, reqs=reqs, **kwargs)
+            return updates
+
+        RequestRows.prepare = steady_floor_prepare
+
+    def undo(self) -> None:
+        RequestRows.prepare = self._original
+
+
+def measure(*, requests: int, steps: int, steady_floor: bool = False) -> tuple[float, float]:
     """Median µs per steady decode step of ``on_init_new`` and of ``run_forward``'s own work,
-    over ``steps`` steps after ten warm-up steps."""
+    over ``steps`` steps after ten warm-up steps (``steady_floor``: see ``--steady-floor``)."""
     kernels = dataclasses.replace(
         load_kernels(KernelBackend.TORCH_REFERENCE), pre_forward=_no_launch,
         post_forward=_no_launch, scatter_req_token_ids=_no_launch,
@@ -140,12 +174,15 @@ def measure(*, requests: int, steps: int) -> tuple[float, float]:
     server.extend([(request, PROMPT) for request in batch])
     for _ in range(10):
         server.decode(batch)
+    floor = _SteadyFloor() if steady_floor else None
     timer = _StepTimer()
     try:
         for _ in range(steps):
             server.decode(batch)
     finally:
         timer.undo()
+        if floor is not None:
+            floor.undo()
     return statistics.median(timer.init_new), statistics.median(timer.run_forward)
 
 
@@ -155,9 +192,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured decode steps per batch size (default 400)")
     parser.add_argument("--batches", default="1,64",
                         help="comma-separated batch sizes (default 1,64)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each batch size this many times (with --steady-floor, the "
+                             "canary and the floor alternating) and print the medians; with "
+                             "--steady-floor also the quartiles of the per-round floor / canary "
+                             "ratios (default 1)")
+    parser.add_argument("--steady-floor", action="store_true",
+                        help="also measure each batch size with steady steps that read, pack and "
+                             "upload nothing (the floor of a steady step's host work; not a mode "
+                             "of the canary) and print it beside the canary's figure")
     options = parser.parse_args(argv)
     if options.steps < 1:
         parser.error(f"--steps={options.steps} is invalid; allowed: an integer >= 1")
+    if options.rounds < 1:
+        parser.error(f"--rounds={options.rounds} is invalid; allowed: an integer >= 1")
     try:
         batches = [int(value) for value in options.batches.split(",")]
     except ValueError:
@@ -166,11 +214,33 @@ def main(argv: list[str] | None = None) -> int:
     if not batches or min(batches) < 1:
         parser.error(f"--batches={options.batches!r} is invalid; allowed: integers >= 1, "
                      "comma-separated")
-    print(f"{'batch':<8}{'on_init_new':>14}{'run_forward':>14}{'canary':>10}"
-          "   (median µs per decode step, launches and model left out)")
+    floor_header = (f"{'floor':>10}{'floor / canary (quartiles)':>30}"
+                    if options.steady_floor else "")
+    print(f"{'batch':<8}{'on_init_new':>14}{'run_forward':>14}{'canary':>10}{floor_header}"
+          f"   (median µs per decode step over {options.rounds} round(s), launches and model "
+          "left out)")
     for requests in batches:
-        init_new, run_forward = measure(requests=requests, steps=options.steps)
-        print(f"{requests:<8}{init_new:>14.1f}{run_forward:>14.1f}{init_new + run_forward:>10.1f}")
+        init_news: list[float] = []
+        run_forwards: list[float] = []
+        floors: list[float] = []
+        ratios: list[float] = []
+        for _ in range(options.rounds):
+            init_new, run_forward = measure(requests=requests, steps=options.steps)
+            init_news.append(init_new)
+            run_forwards.append(run_forward)
+            if options.steady_floor:
+                floors.append(sum(measure(requests=requests, steps=options.steps,
+                                          steady_floor=True)))
+                ratios.append(floors[-1] / (init_new + run_forward))
+        canaries = [a + b for a, b in zip(init_news, run_forwards)]
+        line = (f"{requests:<8}{statistics.median(init_news):>14.1f}"
+                f"{statistics.median(run_forwards):>14.1f}{statistics.median(canaries):>10.1f}")
+        if options.steady_floor:
+            low, _, high = (statistics.quantiles(ratios, n=4) if len(ratios) > 1
+                            else (ratios[0],) * 3)
+            line += (f"{statistics.median(floors):>10.1f}"
+                     f"{f'{statistics.median(ratios):.3f} ({low:.3f}-{high:.3f})':>30}")
+        print(line)
     return 0
 
 
