@@ -44,8 +44,8 @@ from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
 from sglang.srt.kv_canary.hooks.model_runner import around_forward
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
-from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
 from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
 from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
@@ -123,17 +123,17 @@ class _StepTimer:
 
 class _SteadyFloor:
     """``--steady-floor`` (module docstring): ``RequestRows.prepare`` wrapped so that a batch of
-    the committed steady batch's request objects gets the previous forward's updates again
-    (:meth:`undo` restores it)."""
+    the request objects of the steady batch its last answer leaves committed
+    (``RowUpdates.steady_after``) gets that answer again (:meth:`undo` restores it)."""
 
     def __init__(self) -> None:
         self._original = prepare = RequestRows.prepare
         last: dict[int, RowUpdates] = {}  # per RequestRows (by id), its last answer
 
         def steady_floor_prepare(rows: RequestRows, *, reqs: Any, **kwargs: Any) -> RowUpdates:
-            steady = rows._steady
             previous = last.get(id(rows))
-            if (previous is not None and steady is not None and len(reqs) == len(steady.reqs)
+            steady = None if previous is None else previous.steady_after
+            if (steady is not None and len(reqs) == len(steady.reqs)
                     and all(map(operator.is_, reqs, steady.reqs))):
                 return previous
             updates = last[id(rows)] = prepare(rows, reqs=reqs, **kwargs)

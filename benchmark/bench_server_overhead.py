@@ -182,6 +182,7 @@ POOL_ARGS: tuple[str, ...] = ("--context-length", str(CONTEXT_LENGTH),
 DISABLE_PIECEWISE_FLAG = "--disable-piecewise-cuda-graph"
 READY_TIMEOUT_S = 300.0  # bound of one server start (also bounded by the time budget)
 DEFAULT_TIME_BUDGET_S = 570.0
+DEFAULT_REPEATS = 3  # measured rounds per workload when --repeats names none for a model
 _REASON_CHARS = 240
 
 
@@ -1054,9 +1055,9 @@ def _names(parser: argparse.ArgumentParser, *, option: str, text: str,
 
 def _repeats(parser: argparse.ArgumentParser,
              text: str) -> tuple[int, tuple[tuple[str, int], ...]]:
-    """``--repeats``: the rounds of the models not named (3 unless a bare number is given) and
+    """``--repeats``: the rounds of the models not named (a bare number's, else DEFAULT_REPEATS) and
     the named models' rounds, in the order given."""
-    default: int | None = None
+    default: int | None = None  # a bare number's rounds (DEFAULT_REPEATS without one)
     by_model: dict[str, int] = {}
     for part in (part.strip() for part in text.split(",")):
         name, _, number = part.rpartition("=")
@@ -1076,7 +1077,7 @@ def _repeats(parser: argparse.ArgumentParser,
             by_model[name] = rounds
         else:
             default = rounds
-    return 3 if default is None else default, tuple(by_model.items())
+    return DEFAULT_REPEATS if default is None else default, tuple(by_model.items())
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
@@ -1092,10 +1093,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     parser.add_argument("--workloads", default=",".join(WORKLOADS_BY_NAME),
                         help=f"comma-separated, in run order, of {', '.join(WORKLOADS_BY_NAME)} "
                              "(default: all)")
-    parser.add_argument("--repeats", default="3", metavar="N|MODEL=N,...",
+    parser.add_argument("--repeats", default=str(DEFAULT_REPEATS), metavar="N|MODEL=N,...",
                         help="measured rounds per workload; the median is reported. A number, "
                              "or per model (tiny=12,8b=3; a bare number among them is the "
-                             "rounds of the models not named) (default 3)")
+                             f"rounds of the models not named) (default {DEFAULT_REPEATS})")
     parser.add_argument("--out", type=pathlib.Path, default=None,
                         help="also write every number as JSON here (rewritten after each server)")
     parser.add_argument("--log-dir", type=pathlib.Path, default=None,
