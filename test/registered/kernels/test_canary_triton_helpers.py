@@ -12,6 +12,7 @@ import torch
 from _canary_sim import TRITON_DEVICES, import_triton_modules
 from sglang.jit_kernel.kv_canary.hashing import (
     chain_term_scalar,
+    lane_mask_scalar,
     mix64_scalar,
     slot_fingerprint_scalar,
     to_signed_i64,
@@ -103,6 +104,68 @@ def test_triton_forms_match_the_scalar_reference(device, num_sources, partial):
         to_signed_i64(slot_fingerprint_scalar(slot=slot, sources=rows, partial=partial))
         for slot in slots.tolist()
     ]
+
+
+@triton.jit
+def _partial_lanes_kernel(
+    slots_ptr, mask_ptr, due_ptr, every_ptr, out_ptr,
+    src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+    src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+    N: tl.constexpr,
+    NUM_SOURCES: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    WORDS0: tl.constexpr,
+    WORDS1: tl.constexpr,
+    WORDS2: tl.constexpr,
+    WORDS3: tl.constexpr,
+    WORD_CHUNK: tl.constexpr,
+):
+    """One block of ``N`` lanes per program (program ``i`` reads lanes ``[i N, (i + 1) N)``)."""
+    lanes = tl.program_id(0) * N + tl.arange(0, N)
+    fingerprint = helpers.slot_fingerprint(
+        tl.load(slots_ptr + lanes), tl.load(mask_ptr + lanes) != 0, tl.load(due_ptr + lanes),
+        tl.load(every_ptr + lanes) != 0,
+        src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+        src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+        NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
+    )
+    tl.store(out_ptr + lanes, fingerprint)
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("num_sources", [1, 2, 3, 4])
+def test_partial_lanes_of_due_and_every_elements_match_the_scalar_reference(device, num_sources):
+    """``partial``: an element selected by ``due`` alone holds its due source's lane of the
+    slot's fingerprint, one selected by ``every`` the whole fingerprint, any other 0; in blocks
+    of prefix positions only (a decode row's verify tile), of new slots only (a prefill tile),
+    of both, and of neither."""
+    n = 32
+    slots = [*range(26), -1, -5, 30, 1 << 33, 0, 7]
+    blocks = (  # (mask, every) per lane
+        [(True, False)] * n,
+        [(True, True)] * n,
+        [(lane % 3 != 2, lane % 5 == 0) for lane in range(n)],
+        [(False, lane % 2 == 0) for lane in range(n)],
+    )
+    lane_slots = slots * len(blocks)
+    mask = [m for block in blocks for m, _ in block]
+    every = [e for block in blocks for _, e in block]
+    due = [(3 * lane + lane // 7) % num_sources for lane in range(len(lane_slots))]
+    sources = _sources(device)[:num_sources]
+    real = RealDataSources(sources=tuple(sources), partial=True)
+    out = torch.empty(len(lane_slots), dtype=torch.int64, device=device)
+    tensors = [torch.tensor(values, dtype=torch.int64, device=device)
+               for values in (lane_slots, mask, due, every)]
+    _partial_lanes_kernel[(len(blocks),)](
+        *tensors, out, *real_data_args(real, placeholder=out), n, **real_data_constexprs(real),
+    )
+    rows = [source.cpu().tolist() for source in sources]
+    expected = []
+    for slot, on, source, whole in zip(lane_slots, mask, due, every):
+        full = to_signed_i64(slot_fingerprint_scalar(slot=slot, sources=rows, partial=True))
+        lane = full & lane_mask_scalar(source=source, num_sources=num_sources)
+        expected.append(0 if not on else full if whole else lane)
+    assert out.tolist() == expected
 
 
 _RUN_IN_FRESH_PROCESS = """
