@@ -36,6 +36,9 @@ def _hash_kernel(
     tokens_ptr,
     positions_ptr,
     slots_ptr,
+    mask_ptr,
+    due_ptr,
+    every_ptr,
     mix_out_ptr,
     term_out_ptr,
     fingerprint_out_ptr,
@@ -50,14 +53,17 @@ def _hash_kernel(
     WORDS3: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
 ):
-    lanes = tl.arange(0, N)
+    """One block of ``N`` lanes per program (program ``i``: lanes ``[i N, (i + 1) N)``); the
+    fingerprint's ``mask`` / ``due`` / ``every`` are read per lane (int64, nonzero = true)."""
+    lanes = tl.program_id(0) * N + tl.arange(0, N)
     tokens = tl.load(tokens_ptr + lanes)
     positions = tl.load(positions_ptr + lanes)
     slots = tl.load(slots_ptr + lanes)
     tl.store(mix_out_ptr + lanes, helpers.mix64(tokens))
     tl.store(term_out_ptr + lanes, helpers.chain_term(tokens, positions))
-    fingerprint = helpers.slot_fingerprint(  # every source (partial: every lane)
-        slots, lanes < N, slots * 0, lanes < N,
+    fingerprint = helpers.slot_fingerprint(
+        slots, tl.load(mask_ptr + lanes) != 0, tl.load(due_ptr + lanes),
+        tl.load(every_ptr + lanes) != 0,
         src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
         src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
         NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
@@ -91,7 +97,9 @@ def test_triton_forms_match_the_scalar_reference(device, num_sources, partial):
     sources = _sources(device)[:num_sources]
     real = RealDataSources(sources=tuple(sources), partial=partial) if sources else None
     outputs = [torch.empty(n, dtype=torch.int64, device=device) for _ in range(3)]
-    inputs = (tokens.to(device), positions.to(device), slots.to(device))
+    every_source = (torch.ones(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64),
+                    torch.ones(n, dtype=torch.int64))  # mask, due, every: partial's every lane
+    inputs = [t.to(device) for t in (tokens, positions, slots, *every_source)]
     _hash_kernel[(1,)](
         *inputs, *outputs, *real_data_args(real, placeholder=outputs[0]), n,
         **real_data_constexprs(real),
@@ -104,32 +112,6 @@ def test_triton_forms_match_the_scalar_reference(device, num_sources, partial):
         to_signed_i64(slot_fingerprint_scalar(slot=slot, sources=rows, partial=partial))
         for slot in slots.tolist()
     ]
-
-
-@triton.jit
-def _partial_lanes_kernel(
-    slots_ptr, mask_ptr, due_ptr, every_ptr, out_ptr,
-    src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
-    src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-    N: tl.constexpr,
-    NUM_SOURCES: tl.constexpr,
-    PARTIAL: tl.constexpr,
-    WORDS0: tl.constexpr,
-    WORDS1: tl.constexpr,
-    WORDS2: tl.constexpr,
-    WORDS3: tl.constexpr,
-    WORD_CHUNK: tl.constexpr,
-):
-    """One block of ``N`` lanes per program (program ``i`` reads lanes ``[i N, (i + 1) N)``)."""
-    lanes = tl.program_id(0) * N + tl.arange(0, N)
-    fingerprint = helpers.slot_fingerprint(
-        tl.load(slots_ptr + lanes), tl.load(mask_ptr + lanes) != 0, tl.load(due_ptr + lanes),
-        tl.load(every_ptr + lanes) != 0,
-        src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
-        src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-        NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
-    )
-    tl.store(out_ptr + lanes, fingerprint)
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
@@ -153,12 +135,16 @@ def test_partial_lanes_of_due_and_every_elements_match_the_scalar_reference(devi
     due = [(3 * lane + lane // 7) % num_sources for lane in range(len(lane_slots))]
     sources = _sources(device)[:num_sources]
     real = RealDataSources(sources=tuple(sources), partial=True)
-    out = torch.empty(len(lane_slots), dtype=torch.int64, device=device)
-    tensors = [torch.tensor(values, dtype=torch.int64, device=device)
-               for values in (lane_slots, mask, due, every)]
-    _partial_lanes_kernel[(len(blocks),)](
-        *tensors, out, *real_data_args(real, placeholder=out), n, **real_data_constexprs(real),
+    lanes = len(lane_slots)
+    zeros = [0] * lanes  # tokens and positions: the mix and chain outputs are not looked at
+    inputs = [torch.tensor(values, dtype=torch.int64, device=device)
+              for values in (zeros, zeros, lane_slots, mask, due, every)]
+    outputs = [torch.empty(lanes, dtype=torch.int64, device=device) for _ in range(3)]
+    _hash_kernel[(len(blocks),)](
+        *inputs, *outputs, *real_data_args(real, placeholder=outputs[0]), n,
+        **real_data_constexprs(real),
     )
+    out = outputs[2]
     rows = [source.cpu().tolist() for source in sources]
     expected = []
     for slot, on, source, whole in zip(lane_slots, mask, due, every):
