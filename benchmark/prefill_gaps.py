@@ -32,12 +32,13 @@ from __future__ import annotations
 import argparse
 import pathlib
 import re
-import statistics
 import sys
 import tarfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+
+from server_overhead_table import ttft_percentiles_ms
 
 _RUN_SUFFIX = re.compile(r"-run\d+\.log$")
 _PREFILL_LINE = re.compile(
@@ -64,9 +65,9 @@ class LogGaps:
         """The configuration in a ``MODEL-CONFIG-runN.log`` name."""
         return _RUN_SUFFIX.sub("", self.log.split("-", 1)[-1])
 
-    def percentile(self, fraction: float) -> float:
-        ordered = sorted(self.gaps_ms)
-        return ordered[min(int(len(ordered) * fraction), len(ordered) - 1)]
+    def percentiles(self) -> tuple[float, float, float]:
+        """``(p10, p50, p90)`` of the gaps, by the rule the server tables use for TTFTs."""
+        return ttft_percentiles_ms(self.gaps_ms)
 
 
 def prefill_gaps_ms(lines: Iterator[str], *, new_tokens: int) -> Iterator[float]:
@@ -121,7 +122,7 @@ def _slow_bounds(logs: Sequence[LogGaps], *, slow_factor: float) -> list[float]:
     fastest: dict[tuple[str, str], float] = {}
     for log in logs:
         key = (log.source, log.model)
-        fastest[key] = min(fastest.get(key, float("inf")), log.percentile(0.1))
+        fastest[key] = min(fastest.get(key, float("inf")), log.percentiles()[0])
     return [slow_factor * fastest[(log.source, log.model)] for log in logs]
 
 
@@ -130,10 +131,11 @@ def report(logs: Sequence[LogGaps], *, slow_factor: float) -> list[str]:
     lines = []
     for log, bound in zip(logs, _slow_bounds(logs, slow_factor=slow_factor)):
         slow = sum(1 for gap in log.gaps_ms if gap > bound)
+        p10, p50, p90 = log.percentiles()
         lines.append(
             f"{log.source}  {log.log}: {len(log.gaps_ms)} gaps ({log.dropped} over the limit "
-            f"left out), p10 {log.percentile(0.1):.1f} / p50 {statistics.median(log.gaps_ms):.1f}"
-            f" / p90 {log.percentile(0.9):.1f} ms, {slow} over {bound:.1f} ms"
+            f"left out), p10 {p10:.1f} / p50 {p50:.1f} / p90 {p90:.1f} ms, {slow} over "
+            f"{bound:.1f} ms"
         )
     return lines
 
@@ -150,7 +152,7 @@ def summary(logs: Sequence[LogGaps], *, slow_factor: float, min_gaps: int) -> li
         slow = sum(1 for gap in log.gaps_ms if gap > bound)
         entry = counts.setdefault((log.model, log.config), [0, 0, 0])
         entry[0] += 1
-        entry[1] += statistics.median(log.gaps_ms) > bound
+        entry[1] += log.percentiles()[1] > bound
         entry[2] += 4 * slow >= len(log.gaps_ms)
     return [
         f"{model} {config}: {total} logs, slow at the median in {median_slow}, "
