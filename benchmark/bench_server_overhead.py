@@ -20,6 +20,9 @@ each is compared with:
   canary configuration below keeps the oracle; their ``x oracle`` column isolates the canary.
 - ``canary`` (vs ``off``): + ``MODE=log``.
 - ``canary+partial`` (vs ``off``): + ``REAL_DATA=partial``.
+- ``canary+verify-token``, ``canary+write-input`` (vs ``off``, run only when named): the canary
+  with one of all-checks' two token checks (``ENABLE_VERIFY_TOKEN_ASSERT=1``,
+  ``ENABLE_WRITE_INPUT_ASSERT=1``), to split all-checks' cost by check.
 - ``all-checks`` (vs ``off``): + ``REAL_DATA=partial``, ``ENABLE_VERIFY_TOKEN_ASSERT=1``,
   ``ENABLE_WRITE_INPUT_ASSERT=1``.
 - ``all-checks-s4`` (vs ``off``): all checks with ``REAL_DATA_STRIDE=4`` (each prefix slot's
@@ -143,12 +146,14 @@ from sglang.srt.kv_canary.tools.server import (
 from sglang.srt.kv_canary.tools.tiny_model import make_tiny_eagle_draft, make_tiny_model
 
 # Sibling modules (this directory is on sys.path when the script runs).
+from cpu_contention import cpu_use, take_snapshot
 from cpu_pinning import (
     SCHEDULER_TITLE,
     PinningPlan,
     pin_server,
     plan_pinning,
     plan_pinning_apart,
+    process_title,
 )
 from server_overhead_table import (
     MEASURED,
@@ -319,6 +324,8 @@ _PARTIAL_ENV = {**_CANARY_ENV, "SGLANG_KV_CANARY_REAL_DATA": "partial"}
 _ALL_CHECKS_ENV = {**_PARTIAL_ENV, "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
                    "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1"}
 _ALL_CHECKS_STRIDE4_ENV = {**_ALL_CHECKS_ENV, "SGLANG_KV_CANARY_REAL_DATA_STRIDE": "4"}
+_VERIFY_TOKEN_ENV = {**_CANARY_ENV, "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1"}
+_WRITE_INPUT_ENV = {**_CANARY_ENV, "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1"}
 _NO_PLUGIN_ENV = {"SGLANG_PLUGINS": "kv-canary-bench-loads-no-plugin"}  # matches no plugin
 
 CONFIGS: dict[str, ServerConfig] = {config.name: config for config in (
@@ -331,6 +338,10 @@ CONFIGS: dict[str, ServerConfig] = {config.name: config for config in (
                  baseline="off"),
     ServerConfig(name="canary+partial", env=_PARTIAL_ENV, sampling_backend="token_oracle",
                  baseline="off"),
+    ServerConfig(name="canary+verify-token", env=_VERIFY_TOKEN_ENV,
+                 sampling_backend="token_oracle", baseline="off"),
+    ServerConfig(name="canary+write-input", env=_WRITE_INPUT_ENV,
+                 sampling_backend="token_oracle", baseline="off"),
     ServerConfig(name="oracle", env=_ORACLE_ENV, sampling_backend="token_oracle",
                  baseline="off"),
     ServerConfig(name="stock", env=_NO_PLUGIN_ENV, sampling_backend="pytorch",
@@ -339,6 +350,10 @@ CONFIGS: dict[str, ServerConfig] = {config.name: config for config in (
                  baseline=None, piecewise_cuda_graph=True),
 )}
 BASELINES: dict[str, str | None] = {name: config.baseline for name, config in CONFIGS.items()}
+# What --configs defaults to: every configuration but the two that split all-checks' token
+# checks apart (``canary+verify-token``, ``canary+write-input``), which run when named.
+DEFAULT_CONFIGS: tuple[str, ...] = tuple(
+    name for name in CONFIGS if name not in ("canary+verify-token", "canary+write-input"))
 VS_ORACLE: frozenset[str] = frozenset(
     name for name, config in CONFIGS.items() if config.canary_on)
 
@@ -571,6 +586,8 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                                 duration_s=time.monotonic() - started)
         limits = read_pool_limits(server.log_text())
         placement = "not pinned" if pinning is None else _pin(server, pinning)
+        scheduler_pid = next((pid for pid in server.live_pids()
+                              if process_title(pid).startswith(SCHEDULER_TITLE)), None)
         status = MEASURED
         try:
             for workload in workloads:
@@ -580,6 +597,7 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                                                             status=f"skipped: {why}")
                     continue
                 timer_lines_before = len(host_timer_lines(server.log_text()))
+                cpu_before = take_snapshot(scheduler_pid=scheduler_pid)
                 result = measure_workload(
                     server, workload=workload, vocab_size=model.vocab_size, repeats=repeats,
                     deadline=deadline, timeout_s=launch.request_timeout_s,
@@ -587,6 +605,9 @@ def measure_config(*, model: ModelShape, model_dir: pathlib.Path, config: Server
                         warm_up_s=model.warm_up_estimate_s[workload.name],
                         round_s=model.round_estimate_s[workload.name]),
                     round_runner=round_runner)
+                result = dataclasses.replace(result, cpu=cpu_use(
+                    cpu_before, take_snapshot(scheduler_pid=scheduler_pid),
+                    scheduler_cpus=None if pinning is None else pinning.scheduler_cpus))
                 logged_meanwhile = host_timer_lines(server.log_text())[timer_lines_before:]
                 if logged_meanwhile:
                     result = dataclasses.replace(result, host_timers=logged_meanwhile[-1])
@@ -1087,9 +1108,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     parser.add_argument("--models", default="8b",
                         help=f"comma-separated, in run order, of {', '.join(MODELS)} "
                              "(default: 8b)")
-    parser.add_argument("--configs", default=",".join(CONFIGS),
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                         help=f"comma-separated, in run order, of {', '.join(CONFIGS)} "
-                             "(default: all, in this order: the headline comparison first)")
+                             f"(default: {','.join(DEFAULT_CONFIGS)}: the headline comparison "
+                             "first)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS_BY_NAME),
                         help=f"comma-separated, in run order, of {', '.join(WORKLOADS_BY_NAME)} "
                              "(default: all)")
@@ -1253,6 +1275,12 @@ def host_timers_report(result: ConfigResult) -> list[str]:
     return lines
 
 
+def cpu_report(result: ConfigResult) -> list[str]:
+    """One line per workload of a server that read its CPU use (:mod:`cpu_contention`)."""
+    return [f"{result.label} {name} cpu: {measured.cpu.describe()}"
+            for name, measured in result.workloads.items() if measured.cpu is not None]
+
+
 def with_eagle(model: ModelShape, *, draft_dir: pathlib.Path, steps: int) -> ModelShape:
     """``model`` served with EAGLE (spec v2, topk 1, ``steps`` draft steps) from ``draft_dir``."""
     return dataclasses.replace(model, server_args=(
@@ -1375,6 +1403,8 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
             for result in model_results:
                 results[name].append(result)
                 print(progress_line(model=model, result=result), flush=True)
+                for line in cpu_report(result):
+                    print(f"  {line}", flush=True)
                 if options.host_timers:
                     for line in host_timers_report(result):
                         print(f"  {line}", flush=True)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from cpu_contention import CpuUse
 from server_workloads import RoundTiming, Workload
 from timing import Difference, Spread, difference, ratio, spread
 
@@ -50,6 +51,10 @@ class WorkloadResult:
         The last two are the time budget's estimates for this workload on the next server.
         host_timers: the last host-timer line the server logged while this workload ran
             (``--host-timers``; "" when none was logged then).
+        cpu: the steal and the scheduler's CPU time while the workload ran (its warm-up round
+            included;
+            :mod:`cpu_contention`; None where not read: servers measured together, files
+            written before it).
     """
 
     workload: str
@@ -59,24 +64,29 @@ class WorkloadResult:
     warm_up_s: float = 0.0
     longest_round_s: float = 0.0
     host_timers: str = ""
+    cpu: CpuUse | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"workload": self.workload, "status": self.status,
                 "warm_up_s": self.warm_up_s, "longest_round_s": self.longest_round_s,
                 "warm_up": None if self.warm_up is None else self.warm_up.to_json(),
                 "rounds": [timing.to_json() for timing in self.rounds],
-                "host_timers": self.host_timers}
+                "host_timers": self.host_timers,
+                "cpu": None if self.cpu is None else self.cpu.to_json()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> WorkloadResult:
-        """The result :meth:`to_json` wrote (``host_timers``: "" in files written before it)."""
+        """The result :meth:`to_json` wrote (``host_timers``: "", ``cpu``: None in files
+        written before them)."""
         warm_up = data.get("warm_up")
+        cpu = data.get("cpu")
         return cls(workload=str(data["workload"]), status=str(data["status"]),
                    rounds=tuple(RoundTiming.from_json(item) for item in data["rounds"]),
                    warm_up=None if warm_up is None else RoundTiming.from_json(warm_up),
                    warm_up_s=float(data["warm_up_s"]),
                    longest_round_s=float(data["longest_round_s"]),
-                   host_timers=str(data.get("host_timers", "")))
+                   host_timers=str(data.get("host_timers", "")),
+                   cpu=None if cpu is None else CpuUse.from_json(cpu))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

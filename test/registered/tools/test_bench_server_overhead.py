@@ -28,8 +28,9 @@ import server_overhead_report as report_script  # noqa: E402
 import server_overhead_table as table  # noqa: E402
 import server_workloads as workloads  # noqa: E402
 
-ALL_CONFIGS = ("off", "all-checks", "all-checks-s4", "canary", "canary+partial", "oracle",
-               "stock", "stock-piecewise")
+DEFAULT_CONFIGS = ("off", "all-checks", "all-checks-s4", "canary", "canary+partial", "oracle",
+                   "stock", "stock-piecewise")
+SPLIT_CONFIGS = ("canary+verify-token", "canary+write-input")  # run only when named
 ALL_WORKLOADS = ("decode64", "bs1", "ttft1", "prefill32", "prefill64x512", "decode64_8k",
                  "bs1_32k", "admit64_8k")
 
@@ -39,7 +40,7 @@ ALL_WORKLOADS = ("decode64", "bs1", "ttft1", "prefill32", "prefill64x512", "deco
 def test_defaults_let_the_8b_model_run_in_a_10_minute_command() -> None:
     options = bench.parse_args([])
     assert options.models == ("8b",)
-    assert options.configs == ALL_CONFIGS
+    assert options.configs == DEFAULT_CONFIGS
     assert options.workloads == ALL_WORKLOADS
     assert (options.repeats, options.time_budget_s, options.repeat_first) == (3, 570.0, True)
     assert options.out is None and options.log_dir is None
@@ -312,13 +313,14 @@ def test_the_call_profile_reports_once_what_ran_inside_the_profiled_calls(
 
 def test_configs_differ_only_in_what_they_name() -> None:
     configs = bench.CONFIGS
-    assert tuple(configs) == ALL_CONFIGS
+    assert tuple(configs) == (*DEFAULT_CONFIGS[:5], *SPLIT_CONFIGS, *DEFAULT_CONFIGS[5:])
     assert configs["off"].env == {} and configs["off"].sampling_backend == "pytorch"
     assert dict(configs["stock"].env) == dict(configs["stock-piecewise"].env)
     assert "SGLANG_PLUGINS" in configs["stock"].env
     oracle = dict(configs["oracle"].env)
     assert oracle == {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"}
-    for name in ("oracle", "canary", "canary+partial", "all-checks", "all-checks-s4"):
+    for name in ("oracle", "canary", "canary+partial", "all-checks", "all-checks-s4",
+                 *SPLIT_CONFIGS):
         assert configs[name].sampling_backend == "token_oracle"
         assert oracle.items() <= dict(configs[name].env).items()
     assert dict(configs["all-checks"].env) == {
@@ -328,8 +330,13 @@ def test_configs_differ_only_in_what_they_name() -> None:
     }
     assert dict(configs["all-checks-s4"].env) == {
         **configs["all-checks"].env, "SGLANG_KV_CANARY_REAL_DATA_STRIDE": "4"}
+    canary = dict(configs["canary"].env)
+    assert dict(configs["canary+verify-token"].env) == {
+        **canary, "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1"}
+    assert dict(configs["canary+write-input"].env) == {
+        **canary, "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1"}
     assert [name for name, config in configs.items() if config.canary_on] == [
-        "all-checks", "all-checks-s4", "canary", "canary+partial"]
+        "all-checks", "all-checks-s4", "canary", "canary+partial", *SPLIT_CONFIGS]
     assert [name for name, config in configs.items() if config.piecewise_cuda_graph] == [
         "stock-piecewise"]
 
@@ -337,9 +344,10 @@ def test_configs_differ_only_in_what_they_name() -> None:
 def test_every_ratio_has_a_declared_baseline() -> None:
     assert bench.BASELINES == {
         "off": "stock", "all-checks": "off", "all-checks-s4": "off", "canary": "off",
-        "canary+partial": "off", "oracle": "off", "stock": "stock-piecewise",
-        "stock-piecewise": None}
-    assert bench.VS_ORACLE == {"all-checks", "all-checks-s4", "canary", "canary+partial"}
+        "canary+partial": "off", "canary+verify-token": "off", "canary+write-input": "off",
+        "oracle": "off", "stock": "stock-piecewise", "stock-piecewise": None}
+    assert bench.VS_ORACLE == {"all-checks", "all-checks-s4", "canary", "canary+partial",
+                               *SPLIT_CONFIGS}
     assert bench.baselines_line(["off", "all-checks", "stock-piecewise"]) == (
         "baselines: off: no baseline (stock not in this run); all-checks vs off; "
         "NAME#2 vs NAME#1")
@@ -835,6 +843,11 @@ def test_measure_config_against_a_stand_in_server(tmp_path: pathlib.Path,
     assert result.workloads["decode64_8k"].status == (
         "skipped: does not fit (KV pool 100000 tokens < 540672 needed)")
     assert bs1.host_timers == "" and bench.host_timers_report(result) == []
+    # the stand-in has no process titled sglang::scheduler: steal is read, the scheduler is not
+    assert bs1.cpu is not None and bs1.cpu.steal_all is not None
+    assert bs1.cpu.scheduler_on_cpu is None and bs1.cpu.steal_scheduler is None
+    assert bench.cpu_report(result) == [f"canary#2 bs1 cpu: {bs1.cpu.describe()}"]
+    assert result.workloads["decode64_8k"].cpu is None  # skipped: nothing ran
 
 
 def test_each_workload_keeps_the_last_timer_line_logged_while_it_ran(
