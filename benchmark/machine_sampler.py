@@ -1,0 +1,138 @@
+"""Sample, every ``--interval-s``, what the machine's SGLang processes and GPU are doing, as JSON
+lines, while a benchmark runs beside it.
+
+Each line: ``t`` (wall clock, seconds since the epoch, to line up with server logs), ``gpu``
+(SM clock in MHz, utilization in %, read through NVML when ``pynvml`` imports; absent
+otherwise) and ``threads``: for every thread of every process whose command line contains
+``--match`` (default ``sglang``), ``[pid, tid, process title, thread name, CPU ticks so far,
+nanoseconds waited to run so far]`` (``/proc/PID/task/TID/stat`` utime + stime, and
+``schedstat``). Differences between lines say which thread used the CPU, and whether the GPU's
+clock dropped, during a stretch of slow requests that the server log shows.
+
+Usage: ``python benchmark/machine_sampler.py --out samples.jsonl [--interval-s 0.5]
+[--duration-s 600]``; it stops after ``--duration-s`` or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_PROC = pathlib.Path("/proc")
+
+
+def parse_task_stat(text: str) -> tuple[str, int]:
+    """``(thread name, utime + stime ticks)`` from the text of ``/proc/PID/task/TID/stat``
+    (the name sits in parentheses and may hold spaces or parentheses itself).
+
+    Raises:
+        ValueError: the text is not a stat line.
+    """
+    opened, closed = text.find("("), text.rfind(")")
+    if opened < 0 or closed < opened:
+        raise ValueError(f"not a /proc stat line: {text[:80]!r}")
+    fields = text[closed + 2:].split()  # from field 3 (state) on
+    if len(fields) < 13:
+        raise ValueError(f"/proc stat line with {len(fields) + 2} fields: {text[:80]!r}")
+    return text[opened + 1:closed], int(fields[11]) + int(fields[12])  # fields 14 and 15
+
+
+def matching_pids(*, match: str, proc: pathlib.Path = _PROC) -> Iterator[tuple[int, str]]:
+    """``(pid, command line)`` of every process whose command line contains ``match``."""
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace").strip()
+        except OSError:
+            continue
+        if match in title:
+            yield int(entry.name), title
+
+
+def thread_rows(*, match: str, proc: pathlib.Path = _PROC) -> list[list[Any]]:
+    """``[pid, tid, title, thread name, CPU ticks, ns waited]`` of every thread of the matching
+    processes (threads gone meanwhile left out; waited -1 where ``schedstat`` is missing)."""
+    rows: list[list[Any]] = []
+    for pid, title in matching_pids(match=match, proc=proc):
+        try:
+            tids = sorted(int(entry.name) for entry in (proc / str(pid) / "task").iterdir())
+        except OSError:
+            continue
+        for tid in tids:
+            task = proc / str(pid) / "task" / str(tid)
+            try:
+                name, ticks = parse_task_stat((task / "stat").read_text())
+            except (OSError, ValueError):
+                continue
+            try:
+                waited = int((task / "schedstat").read_text().split()[1])
+            except (OSError, ValueError, IndexError):
+                waited = -1
+            rows.append([pid, tid, title[:80], name, ticks, waited])
+    return rows
+
+
+def gpu_reader() -> Callable[[], dict[str, int]] | None:
+    """A function reading GPU 0's SM clock and utilization through NVML, or None (no pynvml,
+    or no GPU)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # noqa: BLE001 - any NVML failure means: no GPU readings
+        return None
+
+    def read() -> dict[str, int]:
+        return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "util": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu}
+
+    return read
+
+
+def sample_line(*, match: str, gpu: Callable[[], dict[str, int]] | None,
+                proc: pathlib.Path = _PROC, clock: Callable[[], float] = time.time) -> str:
+    """One JSON line of the current state."""
+    line: dict[str, Any] = {"t": round(clock(), 3)}
+    if gpu is not None:
+        line["gpu"] = gpu()
+    line["threads"] = thread_rows(match=match, proc=proc)
+    return json.dumps(line, separators=(",", ":"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="JSON-lines file to write")
+    parser.add_argument("--interval-s", type=float, default=0.5,
+                        help="seconds between samples (> 0; default 0.5)")
+    parser.add_argument("--duration-s", type=float, default=600.0,
+                        help="stop after this many seconds (> 0; default 600)")
+    parser.add_argument("--match", default="sglang",
+                        help="sample the processes whose command line contains this")
+    options = parser.parse_args(argv)
+    for name in ("interval_s", "duration_s"):
+        if not getattr(options, name) > 0:
+            parser.error(f"--{name.replace('_', '-')}={getattr(options, name)} is invalid; "
+                         "allowed: > 0")
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    gpu = gpu_reader()
+    end = time.monotonic() + options.duration_s
+    with options.out.open("w", encoding="utf-8") as out:
+        while not stopping and time.monotonic() < end:
+            out.write(sample_line(match=options.match, gpu=gpu) + "\n")
+            out.flush()
+            time.sleep(options.interval_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
