@@ -5,9 +5,11 @@ Each line: ``t`` (wall clock, seconds since the epoch, to line up with server lo
 (SM clock in MHz, utilization in %, read through NVML when ``pynvml`` imports; absent
 otherwise) and ``threads``: for every thread of every process whose command line contains
 ``--match`` (default ``sglang``), ``[pid, tid, process title, thread name, CPU ticks so far,
-nanoseconds waited to run so far]`` (``/proc/PID/task/TID/stat`` utime + stime, and
-``schedstat``). Differences between lines say which thread used the CPU, and whether the GPU's
-clock dropped, during a stretch of slow requests that the server log shows.
+nanoseconds waited to run so far, of the CPU ticks those in the kernel, minor page faults so
+far]`` (``/proc/PID/task/TID/stat`` utime + stime, ``schedstat``, stime, minflt). Differences
+between lines say which thread used the CPU, whether it spent that time in the kernel or
+faulting pages in, and whether the GPU's clock dropped, during a stretch of slow requests that
+the server log shows. (Files written before the last two values existed have six.)
 
 Usage: ``python benchmark/machine_sampler.py --out samples.jsonl [--interval-s 0.5]
 [--duration-s 600]``; it stops after ``--duration-s`` or on SIGTERM.
@@ -27,9 +29,10 @@ from typing import Any
 _PROC = pathlib.Path("/proc")
 
 
-def parse_task_stat(text: str) -> tuple[str, int]:
-    """``(thread name, utime + stime ticks)`` from the text of ``/proc/PID/task/TID/stat``
-    (the name sits in parentheses and may hold spaces or parentheses itself).
+def parse_task_stat(text: str) -> tuple[str, int, int, int]:
+    """``(thread name, utime + stime ticks, stime ticks, minor faults)`` from the text of
+    ``/proc/PID/task/TID/stat`` (the name sits in parentheses and may hold spaces or parentheses
+    itself).
 
     Raises:
         ValueError: the text is not a stat line.
@@ -40,7 +43,9 @@ def parse_task_stat(text: str) -> tuple[str, int]:
     fields = text[closed + 2:].split()  # from field 3 (state) on
     if len(fields) < 13:
         raise ValueError(f"/proc stat line with {len(fields) + 2} fields: {text[:80]!r}")
-    return text[opened + 1:closed], int(fields[11]) + int(fields[12])  # fields 14 and 15
+    # fields 10 (minflt), 14 (utime) and 15 (stime) of proc(5), counted from 1
+    minor_faults, user, system = int(fields[7]), int(fields[11]), int(fields[12])
+    return text[opened + 1:closed], user + system, system, minor_faults
 
 
 def matching_pids(*, match: str, proc: pathlib.Path = _PROC) -> Iterator[tuple[int, str]]:
@@ -58,8 +63,9 @@ def matching_pids(*, match: str, proc: pathlib.Path = _PROC) -> Iterator[tuple[i
 
 
 def thread_rows(*, match: str, proc: pathlib.Path = _PROC) -> list[list[Any]]:
-    """``[pid, tid, title, thread name, CPU ticks, ns waited]`` of every thread of the matching
-    processes (threads gone meanwhile left out; waited -1 where ``schedstat`` is missing)."""
+    """``[pid, tid, title, thread name, CPU ticks, ns waited, kernel ticks, minor faults]`` of
+    every thread of the matching processes (threads gone meanwhile left out; waited -1 where
+    ``schedstat`` is missing)."""
     rows: list[list[Any]] = []
     for pid, title in matching_pids(match=match, proc=proc):
         try:
@@ -69,14 +75,14 @@ def thread_rows(*, match: str, proc: pathlib.Path = _PROC) -> list[list[Any]]:
         for tid in tids:
             task = proc / str(pid) / "task" / str(tid)
             try:
-                name, ticks = parse_task_stat((task / "stat").read_text())
+                name, ticks, system, minor_faults = parse_task_stat((task / "stat").read_text())
             except (OSError, ValueError):
                 continue
             try:
                 waited = int((task / "schedstat").read_text().split()[1])
             except (OSError, ValueError, IndexError):
                 waited = -1
-            rows.append([pid, tid, title[:80], name, ticks, waited])
+            rows.append([pid, tid, title[:80], name, ticks, waited, system, minor_faults])
     return rows
 
 

@@ -81,7 +81,7 @@ def prefill_gaps_ms(lines: Iterator[str], *, new_tokens: int) -> Iterator[float]
             yield new_tokens * 1000.0 / throughput
 
 
-def _logs_of(source: pathlib.Path) -> Iterator[tuple[str, list[str]]]:
+def logs_of(source: pathlib.Path) -> Iterator[tuple[str, list[str]]]:
     """(log file name, its lines) of every ``*.log`` under a folder or in a ``.tar.gz``."""
     if source.is_dir():
         for path in sorted(source.rglob("*.log")):
@@ -106,7 +106,7 @@ def read_source(
 ) -> list[LogGaps]:
     """The gaps of every log of ``source`` (of ``model`` only, when given) that has any."""
     found = []
-    for name, lines in _logs_of(source):
+    for name, lines in logs_of(source):
         if model is not None and not name.startswith(f"{model}-"):
             continue
         gaps = list(prefill_gaps_ms(iter(lines), new_tokens=new_tokens))[:first]

@@ -19,9 +19,9 @@ sys.path.insert(0, str(_BENCH_DIR))
 import machine_sampler  # noqa: E402
 
 
-def _stat(tid: int, name: str, *, utime: int, stime: int) -> str:
+def _stat(tid: int, name: str, *, utime: int, stime: int, minflt: int = 10) -> str:
     # fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
-    return f"{tid} ({name}) S 1 1 1 0 -1 4194560 10 0 0 0 {utime} {stime} 0 0 20 0 1 0\n"
+    return f"{tid} ({name}) S 1 1 1 0 -1 4194560 {minflt} 0 0 0 {utime} {stime} 0 0 20 0 1 0\n"
 
 
 def _process(proc: pathlib.Path, pid: int, cmdline: str, threads: dict[int, tuple[str, int]]) -> None:
@@ -35,9 +35,10 @@ def _process(proc: pathlib.Path, pid: int, cmdline: str, threads: dict[int, tupl
 
 
 def test_a_stat_line_gives_the_thread_name_and_its_cpu_ticks() -> None:
-    assert machine_sampler.parse_task_stat(_stat(7, "python3", utime=120, stime=30)) == (
-        "python3", 150)
-    assert machine_sampler.parse_task_stat(_stat(8, "a (b) c", utime=1, stime=2)) == ("a (b) c", 3)
+    assert machine_sampler.parse_task_stat(
+        _stat(7, "python3", utime=120, stime=30, minflt=4567)) == ("python3", 150, 30, 4567)
+    assert machine_sampler.parse_task_stat(_stat(8, "a (b) c", utime=1, stime=2)) == (
+        "a (b) c", 3, 2, 10)
     with pytest.raises(ValueError, match="not a /proc stat line"):
         machine_sampler.parse_task_stat("garbage")
 
@@ -53,9 +54,9 @@ def test_only_the_matching_processes_are_sampled(tmp_path: pathlib.Path) -> None
                                                   proc=proc, clock=lambda: 1700000000.25))
     assert line["t"] == 1700000000.25 and line["gpu"] == {"sm_mhz": 1980, "util": 40}
     assert sorted(map(tuple, line["threads"])) == [
-        (100, 100, "sglang::scheduler_TP0", "sglang::schedul", 51, 100 * 1000),
-        (100, 101, "sglang::scheduler_TP0", "pt_main", 3, 101 * 1000),
-        (200, 200, "python3 -m sglang.launch_server --port 1", "python3", 10, 200 * 1000),
+        (100, 100, "sglang::scheduler_TP0", "sglang::schedul", 51, 100 * 1000, 1, 10),
+        (100, 101, "sglang::scheduler_TP0", "pt_main", 3, 101 * 1000, 1, 10),
+        (200, 200, "python3 -m sglang.launch_server --port 1", "python3", 10, 200 * 1000, 1, 10),
     ]
     assert "gpu" not in json.loads(machine_sampler.sample_line(match="sglang", gpu=None, proc=proc))
 

@@ -1,0 +1,209 @@
+"""Which seconds of a ``ttft1`` run were slow, and what the machine did in them.
+
+Joins two records of one GPU run: the server logs (a folder, or a ``.tar.gz`` of one; SGLang's
+batch-1 prefill lines, whose ``input throughput`` gives each request's cycle, as in
+``prefill_gaps.py``) and the JSON lines ``machine_sampler.py`` wrote beside the run (per-thread
+CPU ticks and run-queue waits, the GPU's SM clock). Per server second with at least
+``--min-requests`` prefills it takes the median cycle; a second is **slow** when that median is
+over ``--slow-factor`` times the smallest such median of the run. For the slow and the fast
+seconds it prints how many there were, their median cycle, and the means of what the sampler
+saw then: the SM clock and utilization, the scheduler's main thread (``sglang::schedul``) on a
+CPU (and of that in the kernel), waiting to run and faulting pages in (minor faults per second;
+"-" in sample files written before the sampler read them), and the CPU used by every other
+thread of the SGLang processes (with the busiest such thread). If slow seconds show the same CPU time for the scheduler, no more
+waiting, the same clock and no busier thread, the slowness comes from outside what the guest
+can see.
+
+    python benchmark/slow_seconds.py \
+      benchmark/results/2026-11-29-h200-8b-ttft1-sampled-459e85d-logs.tar.gz \
+      --samples benchmark/results/2026-11-29-h200-8b-ttft1-sampled-459e85d-samples.jsonl.gz
+
+Server log times are read as UTC (the GPU host's clock); runs on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import pathlib
+import re
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from prefill_gaps import logs_of, prefill_gaps_ms
+
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
+SCHEDULER_THREAD = "sglang::schedul"  # the scheduler's main thread (names are cut at 15 chars)
+SCHEDULER_PROCESS = "sglang::scheduler"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Second:
+    """What the sampler saw during one second (means over its samples): ``sm_mhz`` / ``gpu_util``
+    (None: no GPU reading), the scheduler main thread's share of a CPU, of it in the kernel, of
+    waiting, and its minor faults per second (those two None: not sampled), the CPU of every
+    other sampled thread together, and the busiest of them (name, share)."""
+
+    sm_mhz: float | None
+    gpu_util: float | None
+    scheduler_cpu: float
+    scheduler_kernel: float | None
+    scheduler_wait: float
+    scheduler_faults_per_s: float | None
+    others_cpu: float
+    busiest_other: tuple[str, float]
+
+
+def _open_text(path: pathlib.Path) -> Iterator[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        yield from lines
+
+
+def sampled_seconds(lines: Iterable[str]) -> dict[int, Second]:
+    """Per whole second of the wall clock, the means of the rates between consecutive samples
+    that end in it (:class:`Second`)."""
+    rates: dict[int, list[dict[str, object]]] = defaultdict(list)
+    previous = None
+    for line in lines:
+        sample = json.loads(line)
+        if previous is not None:
+            elapsed = sample["t"] - previous["t"]
+            if elapsed > 0:
+                rates[int(sample["t"])].append(_rates(previous, sample, elapsed=elapsed))
+        previous = sample
+    return {second: _mean_second(items) for second, items in rates.items()}
+
+
+def _rates(before: Mapping, after: Mapping, *, elapsed: float) -> dict[str, object]:
+    earlier = {(row[0], row[1]): row for row in before["threads"]}
+    scheduler_cpu = scheduler_wait = others = 0.0
+    kernel = faults = None
+    busiest = ("-", 0.0)
+    for row in after["threads"]:
+        old = earlier.get((row[0], row[1]))
+        if old is None:
+            continue
+        cpu = (row[4] - old[4]) / 100.0 / elapsed  # clock ticks (USER_HZ 100) per second
+        if row[2].startswith(SCHEDULER_PROCESS) and row[3] == SCHEDULER_THREAD:
+            scheduler_cpu += cpu
+            if row[5] >= 0 and old[5] >= 0:
+                scheduler_wait += (row[5] - old[5]) / 1e9 / elapsed
+            if len(row) >= 8 and len(old) >= 8:
+                kernel = (kernel or 0.0) + (row[6] - old[6]) / 100.0 / elapsed
+                faults = (faults or 0.0) + (row[7] - old[7]) / elapsed
+            continue
+        others += cpu
+        if cpu > busiest[1]:
+            busiest = (f"{row[2].split()[0][:24]}/{row[3]}", cpu)
+    gpu = after.get("gpu") or {}
+    return {"sm": gpu.get("sm_mhz"), "util": gpu.get("util"), "cpu": scheduler_cpu,
+            "kernel": kernel, "wait": scheduler_wait, "faults": faults, "others": others,
+            "busiest": busiest}
+
+
+def _mean_second(items: Sequence[Mapping[str, object]]) -> Second:
+    def mean(key: str) -> float | None:
+        values = [item[key] for item in items if item[key] is not None]
+        return statistics.fmean(values) if values else None
+
+    busiest = max((item["busiest"] for item in items), key=lambda pair: pair[1])
+    return Second(sm_mhz=mean("sm"), gpu_util=mean("util"), scheduler_cpu=mean("cpu") or 0.0,
+                  scheduler_kernel=mean("kernel"), scheduler_wait=mean("wait") or 0.0,
+                  scheduler_faults_per_s=mean("faults"), others_cpu=mean("others") or 0.0,
+                  busiest_other=busiest)
+
+
+def cycles_by_second(lines: Iterable[str], *, new_tokens: int) -> dict[int, list[float]]:
+    """Per whole second (UTC epoch) of the log, the request cycles (ms) of its prefill lines."""
+    found: dict[int, list[float]] = defaultdict(list)
+    for line in lines:
+        stamp = _STAMP.match(line)
+        if stamp is None:
+            continue
+        for gap in prefill_gaps_ms(iter([line]), new_tokens=new_tokens):
+            when = datetime.datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S").replace(
+                tzinfo=datetime.timezone.utc)
+            found[int(when.timestamp())].append(gap)
+    return found
+
+
+def report(*, logs: Sequence[tuple[str, dict[int, list[float]]]], seconds: Mapping[int, Second],
+           min_requests: int, slow_factor: float) -> list[str]:
+    """The printed lines: per log its slow and fast seconds, then both classes over the run."""
+    medians = {(name, second): statistics.median(cycles) for name, by_second in logs
+               for second, cycles in by_second.items()
+               if len(cycles) >= min_requests and second in seconds}
+    if not medians:
+        return ["no second with enough prefills and a sample"]
+    bound = slow_factor * min(medians.values())
+    lines = [f"slow: a second whose median request cycle is over {bound:.1f} ms "
+             f"({slow_factor:g} x the run's fastest second)"]
+    classes: dict[str, list[tuple[float, Second]]] = {"slow": [], "fast": []}
+    for name, _ in logs:
+        mine = [(cycle, seconds[second]) for (log, second), cycle in sorted(medians.items())
+                if log == name]
+        slow = sum(cycle > bound for cycle, _ in mine)
+        lines.append(f"{name}: {len(mine)} seconds, {slow} slow")
+        for cycle, second in mine:
+            classes["slow" if cycle > bound else "fast"].append((cycle, second))
+    for label, members in classes.items():
+        if not members:
+            lines.append(f"{label} seconds: none")
+            continue
+        picked = [second for _, second in members]
+
+        def mean(values: Iterable[float | None], *, scale: float = 1.0) -> str:
+            known = [scale * value for value in values if value is not None]
+            return f"{statistics.fmean(known):.1f}" if known else "-"
+
+        busiest = max((second.busiest_other for second in picked), key=lambda pair: pair[1])
+        lines.append(
+            f"{label} seconds: {len(members)}, median cycle "
+            f"{statistics.median(cycle for cycle, _ in members):.1f} ms; SM clock "
+            f"{mean(s.sm_mhz for s in picked)} MHz, GPU busy {mean(s.gpu_util for s in picked)} %; "
+            f"scheduler on a CPU {mean(100 * s.scheduler_cpu for s in picked)} % (in the kernel "
+            f"{mean((s.scheduler_kernel for s in picked), scale=100)} %), waiting "
+            f"{mean(100 * s.scheduler_wait for s in picked)} %, "
+            f"{mean(s.scheduler_faults_per_s for s in picked)} minor faults/s; the other threads "
+            f"{mean(100 * s.others_cpu for s in picked)} % of a CPU together, the busiest "
+            f"{busiest[0]} {100 * busiest[1]:.0f} %")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", type=pathlib.Path,
+                        help="the run's server logs: a folder or a .tar.gz of one")
+    parser.add_argument("--samples", type=pathlib.Path, required=True,
+                        help="machine_sampler.py's JSON lines (.jsonl or .jsonl.gz)")
+    parser.add_argument("--new-tokens", type=int, default=128,
+                        help="prompt tokens of the batch-1 prefills to read (default 128)")
+    parser.add_argument("--min-requests", type=int, default=5,
+                        help="prefills a second needs to be judged (>= 1; default 5)")
+    parser.add_argument("--slow-factor", type=float, default=1.3,
+                        help="slow: over this times the fastest second (> 1; default 1.3)")
+    options = parser.parse_args(argv)
+    if options.min_requests < 1:
+        parser.error(f"--min-requests={options.min_requests} is invalid; allowed: an integer >= 1")
+    if not options.slow_factor > 1:
+        parser.error(f"--slow-factor={options.slow_factor} is invalid; allowed: > 1")
+    for path in (options.logs, options.samples):
+        if not path.exists():
+            parser.error(f"{path} does not exist")
+    seconds = sampled_seconds(_open_text(options.samples))
+    logs = [(name, cycles_by_second(lines, new_tokens=options.new_tokens))
+            for name, lines in logs_of(options.logs)]
+    for line in report(logs=logs, seconds=seconds, min_requests=options.min_requests,
+                       slow_factor=options.slow_factor):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""``benchmark/slow_seconds.py``: server seconds are judged by their median request cycle
+against the run's fastest second, and each class gets the means of what the sampler saw in
+those seconds (scheduler main thread on a CPU and waiting, the other threads, the SM clock);
+bad options name the option, the value and what is allowed."""
+
+import datetime
+import gzip
+import json
+import pathlib
+import sys
+
+import pytest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=1, suite="kv-canary-cpu")
+
+_BENCH_DIR = pathlib.Path(__file__).resolve().parents[3] / "benchmark"
+sys.path.insert(0, str(_BENCH_DIR))
+
+import slow_seconds  # noqa: E402
+
+T0 = int(datetime.datetime(2026, 11, 29, 12, 0, 0, tzinfo=datetime.timezone.utc).timestamp())
+
+
+def _prefill(second: int, *, cycle_ms: float) -> str:
+    stamp = datetime.datetime.fromtimestamp(T0 + second, tz=datetime.timezone.utc)
+    return (f"[{stamp:%Y-%m-%d %H:%M:%S}] Prefill batch, #new-seq: 1, #new-token: 128, "
+            f"#cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, "
+            f"input throughput (token/s): {128e3 / cycle_ms:.2f}")
+
+
+def _sample(t: float, *, sched_ticks: int, sched_wait_ns: int, other_ticks: int,
+            sm: int = 1980, faults: int | None = None) -> str:
+    """A sampler line; ``faults`` given: the 8-value rows (kernel ticks = a tenth of the
+    scheduler's ticks), else the older 6-value ones."""
+    scheduler = [10, 10, "sglang::scheduler_TP0", "sglang::schedul", sched_ticks, sched_wait_ns]
+    if faults is not None:
+        scheduler += [sched_ticks // 10, faults]
+    return json.dumps({"t": t, "gpu": {"sm_mhz": sm, "util": 40}, "threads": [
+        scheduler,
+        [10, 11, "sglang::scheduler_TP0", "pt_main_thread", 0, 0],
+        [20, 20, "/usr/bin/python3 -m sglang.launch_server", "python3", other_ticks, 0],
+    ]})
+
+
+def _write_run(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # off: 2 fast seconds; canary: 1 fast second, then 1 slow one
+    (logs / "8b-off-run1.log").write_text("\n".join(
+        [_prefill(0, cycle_ms=30.0)] * 6 + [_prefill(1, cycle_ms=31.0)] * 6) + "\n")
+    (logs / "8b-canary-run1.log").write_text("\n".join(
+        [_prefill(2, cycle_ms=32.0)] * 6 + [_prefill(3, cycle_ms=50.0)] * 6
+        + [_prefill(4, cycle_ms=50.0)] * 2) + "\n")  # too few in second 4: not judged
+    samples = tmp_path / "samples.jsonl.gz"
+    lines = []
+    for second in range(5):  # the scheduler at 100 % throughout, 1 % waiting; others 20 %
+        for half in (0.0, 0.5):
+            t = T0 + second + half
+            step = 2 * second + (1 if half else 0)
+            lines.append(_sample(t, sched_ticks=50 * step, sched_wait_ns=5_000_000 * step,
+                                 other_ticks=10 * step))
+    with gzip.open(samples, "wt") as out:
+        out.write("\n".join(lines) + "\n")
+    return logs, samples
+
+
+def test_slow_seconds_are_reported_with_what_the_machine_did(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logs, samples = _write_run(tmp_path)
+    assert slow_seconds.main([str(logs), "--samples", str(samples)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("slow: a second whose median request cycle is over 39.0 ms (1.3 x the "
+                      "run's fastest second)")
+    assert out[1:3] == ["8b-canary-run1.log: 2 seconds, 1 slow", "8b-off-run1.log: 2 seconds, 0 slow"]
+    assert out[3] == ("slow seconds: 1, median cycle 50.0 ms; SM clock 1980.0 MHz, GPU busy 40.0 %; "
+                      "scheduler on a CPU 100.0 % (in the kernel - %), waiting 1.0 %, - minor "
+                      "faults/s; the other threads 20.0 % of a CPU together, the busiest "
+                      "/usr/bin/python3/python3 20 %")
+    assert out[4].startswith("fast seconds: 3, median cycle 31.0 ms; SM clock 1980.0 MHz")
+
+
+def test_sampled_seconds_average_the_rates_ending_in_them() -> None:
+    lines = [_sample(T0 + 0.0, sched_ticks=0, sched_wait_ns=0, other_ticks=0, faults=0),
+             _sample(T0 + 0.5, sched_ticks=50, sched_wait_ns=0, other_ticks=0, sm=1000,
+                     faults=100),
+             _sample(T0 + 1.0, sched_ticks=70, sched_wait_ns=250_000_000, other_ticks=25, sm=2000,
+                     faults=1100)]
+    seconds = slow_seconds.sampled_seconds(lines)
+    assert set(seconds) == {T0, T0 + 1}
+    first = seconds[T0]
+    assert first.scheduler_cpu == pytest.approx(1.0) and first.sm_mhz == 1000
+    assert (first.scheduler_kernel, first.scheduler_faults_per_s) == pytest.approx((0.1, 200.0))
+    later = seconds[T0 + 1]
+    assert (later.scheduler_cpu, later.scheduler_wait, later.others_cpu) == pytest.approx(
+        (0.4, 0.5, 0.5))
+    assert (later.scheduler_kernel, later.scheduler_faults_per_s) == pytest.approx((0.04, 2000.0))
+    assert later.busiest_other[1] == pytest.approx(0.5)
+    older = slow_seconds.sampled_seconds(
+        [_sample(T0 + k / 2, sched_ticks=k, sched_wait_ns=0, other_ticks=0) for k in range(3)])
+    assert older[T0].scheduler_kernel is None and older[T0].scheduler_faults_per_s is None
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--min-requests", "0"], "--min-requests=0 is invalid; allowed: an integer >= 1"),
+    (["--slow-factor", "1"], "--slow-factor=1.0 is invalid; allowed: > 1"),
+])
+def test_bad_options_name_the_option(argv: list[str], fragment: str, tmp_path: pathlib.Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    logs, samples = _write_run(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        slow_seconds.main([str(logs), "--samples", str(samples), *argv])
+    assert stopped.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_a_missing_input_is_named(tmp_path: pathlib.Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        slow_seconds.main([str(tmp_path / "none"), "--samples", str(tmp_path / "x.jsonl")])
+    assert "none does not exist" in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
