@@ -11,8 +11,15 @@ between lines say which thread used the CPU, whether it spent that time in the k
 faulting pages in, and whether the GPU's clock dropped, during a stretch of slow requests that
 the server log shows. (Files written before the last two values existed have six.)
 
-Usage: ``python benchmark/machine_sampler.py --out samples.jsonl [--interval-s 0.5]
-[--duration-s 600]``; it stops after ``--duration-s`` or on SIGTERM.
+With ``--probe`` each line also has ``probe_us``: how long a fixed piece of pure-Python work
+(:func:`probe_work`, about a millisecond) took on the sampler's own CPU. Pin the sampler to one
+CPU that nothing else uses (``taskset -c 13``): if the probe slows in the same seconds as the
+server's scheduler, the whole machine's CPUs ran slower (clock, shared caches, memory); if it
+does not, the slowness is local to the scheduler's CPU or process.
+
+Usage: ``taskset -c 13 python benchmark/machine_sampler.py --out samples.jsonl
+[--interval-s 0.5] [--duration-s 600] [--probe]``; it stops after ``--duration-s`` or on
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -104,10 +111,33 @@ def gpu_reader() -> Callable[[], dict[str, int]] | None:
     return read
 
 
+PROBE_ITERATIONS = 20_000
+
+
+def probe_work(iterations: int = PROBE_ITERATIONS) -> int:
+    """A fixed piece of pure-Python work (integer arithmetic in a loop, no allocation that
+    grows, no system call); returns its result so it cannot be skipped."""
+    value = 0
+    for step in range(iterations):
+        value = (value * 31 + step) & 0xFFFFFFFF
+    return value
+
+
+def probe_us(*, timer: Callable[[], int] = time.perf_counter_ns) -> float:
+    """Microseconds :func:`probe_work` took this time."""
+    started = timer()
+    probe_work()
+    return (timer() - started) / 1e3
+
+
 def sample_line(*, match: str, gpu: Callable[[], dict[str, int]] | None,
-                proc: pathlib.Path = _PROC, clock: Callable[[], float] = time.time) -> str:
-    """One JSON line of the current state."""
+                proc: pathlib.Path = _PROC, clock: Callable[[], float] = time.time,
+                probe: Callable[[], float] | None = None) -> str:
+    """One JSON line of the current state (``probe``: adds ``probe_us``, see
+    :func:`probe_us`)."""
     line: dict[str, Any] = {"t": round(clock(), 3)}
+    if probe is not None:
+        line["probe_us"] = round(probe(), 1)
     if gpu is not None:
         line["gpu"] = gpu()
     line["threads"] = thread_rows(match=match, proc=proc)
@@ -123,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop after this many seconds (> 0; default 600)")
     parser.add_argument("--match", default="sglang",
                         help="sample the processes whose command line contains this")
+    parser.add_argument("--probe", action="store_true",
+                        help="time a fixed piece of pure-Python work in every sample (probe_us)")
     options = parser.parse_args(argv)
     for name in ("interval_s", "duration_s"):
         if not getattr(options, name) > 0:
@@ -134,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     end = time.monotonic() + options.duration_s
     with options.out.open("w", encoding="utf-8") as out:
         while not stopping and time.monotonic() < end:
-            out.write(sample_line(match=options.match, gpu=gpu) + "\n")
+            out.write(sample_line(match=options.match, gpu=gpu,
+                                  probe=probe_us if options.probe else None) + "\n")
             out.flush()
             time.sleep(options.interval_s)
     return 0

@@ -9,8 +9,9 @@ over ``--slow-factor`` times the smallest such median of the run. For the slow a
 seconds it prints how many there were, their median cycle, and the means of what the sampler
 saw then: the SM clock and utilization, the scheduler's main thread (``sglang::schedul``) on a
 CPU (and of that in the kernel), waiting to run and faulting pages in (minor faults per second;
-"-" in sample files written before the sampler read them), and the CPU used by every other
-thread of the SGLang processes (with the busiest such thread). If slow seconds show the same CPU time for the scheduler, no more
+"-" in sample files written before the sampler read them), the CPU used by every other
+thread of the SGLang processes (with the busiest such thread) and, where the sampler ran with
+``--probe``, how long its fixed piece of work took on its own CPU. If slow seconds show the same CPU time for the scheduler, no more
 waiting, the same clock and no busier thread, the slowness comes from outside what the guest
 can see.
 
@@ -47,7 +48,8 @@ class Second:
     """What the sampler saw during one second (means over its samples): ``sm_mhz`` / ``gpu_util``
     (None: no GPU reading), the scheduler main thread's share of a CPU, of it in the kernel, of
     waiting, and its minor faults per second (those two None: not sampled), the CPU of every
-    other sampled thread together, and the busiest of them (name, share)."""
+    other sampled thread together, the busiest of them (name, share), and the sampler's probe
+    in µs (None: sampled without ``--probe``)."""
 
     sm_mhz: float | None
     gpu_util: float | None
@@ -57,6 +59,7 @@ class Second:
     scheduler_faults_per_s: float | None
     others_cpu: float
     busiest_other: tuple[str, float]
+    probe_us: float | None = None
 
 
 def _open_text(path: pathlib.Path) -> Iterator[str]:
@@ -104,7 +107,7 @@ def _rates(before: Mapping, after: Mapping, *, elapsed: float) -> dict[str, obje
     gpu = after.get("gpu") or {}
     return {"sm": gpu.get("sm_mhz"), "util": gpu.get("util"), "cpu": scheduler_cpu,
             "kernel": kernel, "wait": scheduler_wait, "faults": faults, "others": others,
-            "busiest": busiest}
+            "busiest": busiest, "probe": after.get("probe_us")}
 
 
 def _mean_second(items: Sequence[Mapping[str, object]]) -> Second:
@@ -116,7 +119,7 @@ def _mean_second(items: Sequence[Mapping[str, object]]) -> Second:
     return Second(sm_mhz=mean("sm"), gpu_util=mean("util"), scheduler_cpu=mean("cpu") or 0.0,
                   scheduler_kernel=mean("kernel"), scheduler_wait=mean("wait") or 0.0,
                   scheduler_faults_per_s=mean("faults"), others_cpu=mean("others") or 0.0,
-                  busiest_other=busiest)
+                  busiest_other=busiest, probe_us=mean("probe"))
 
 
 def cycles_by_second(lines: Iterable[str], *, new_tokens: int) -> dict[int, list[float]]:
@@ -172,7 +175,7 @@ def report(*, logs: Sequence[tuple[str, dict[int, list[float]]]], seconds: Mappi
             f"{mean(100 * s.scheduler_wait for s in picked)} %, "
             f"{mean(s.scheduler_faults_per_s for s in picked)} minor faults/s; the other threads "
             f"{mean(100 * s.others_cpu for s in picked)} % of a CPU together, the busiest "
-            f"{busiest[0]} {100 * busiest[1]:.0f} %")
+            f"{busiest[0]} {100 * busiest[1]:.0f} %; the probe {mean(s.probe_us for s in picked)} µs")
     return lines
 
 

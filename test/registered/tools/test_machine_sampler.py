@@ -59,14 +59,24 @@ def test_only_the_matching_processes_are_sampled(tmp_path: pathlib.Path) -> None
         (200, 200, "python3 -m sglang.launch_server --port 1", "python3", 10, 200 * 1000, 1, 10),
     ]
     assert "gpu" not in json.loads(machine_sampler.sample_line(match="sglang", gpu=None, proc=proc))
+    assert "probe_us" not in line
+    probed = json.loads(machine_sampler.sample_line(match="sglang", gpu=None, proc=proc,
+                                                    probe=lambda: 812.345))
+    assert probed["probe_us"] == 812.3
+
+
+def test_the_probe_times_a_fixed_piece_of_work() -> None:
+    assert machine_sampler.probe_work(4) == ((((0 * 31 + 0) * 31 + 1) * 31 + 2) * 31 + 3)
+    ticks = iter([1_000, 1_812_000])
+    assert machine_sampler.probe_us(timer=lambda: next(ticks)) == pytest.approx(1811.0)
 
 
 def test_it_writes_lines_until_its_duration_ends(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "samples.jsonl"
-    assert machine_sampler.main(["--out", str(out), "--interval-s", "0.01",
+    assert machine_sampler.main(["--out", str(out), "--interval-s", "0.01", "--probe",
                                  "--duration-s", "0.05", "--match", "no-such-process-xyz"]) == 0
-    lines = out.read_text().splitlines()
-    assert lines and all(json.loads(line)["threads"] == [] for line in lines)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines and all(line["threads"] == [] and line["probe_us"] > 0 for line in lines)
 
 
 @pytest.mark.parametrize("argv,fragment", [

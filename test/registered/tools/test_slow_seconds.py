@@ -31,13 +31,14 @@ def _prefill(second: int, *, cycle_ms: float) -> str:
 
 
 def _sample(t: float, *, sched_ticks: int, sched_wait_ns: int, other_ticks: int,
-            sm: int = 1980, faults: int | None = None) -> str:
+            sm: int = 1980, faults: int | None = None, probe_us: float | None = None) -> str:
     """A sampler line; ``faults`` given: the 8-value rows (kernel ticks = a tenth of the
-    scheduler's ticks), else the older 6-value ones."""
+    scheduler's ticks), else the older 6-value ones; ``probe_us`` given: with the probe."""
     scheduler = [10, 10, "sglang::scheduler_TP0", "sglang::schedul", sched_ticks, sched_wait_ns]
     if faults is not None:
         scheduler += [sched_ticks // 10, faults]
-    return json.dumps({"t": t, "gpu": {"sm_mhz": sm, "util": 40}, "threads": [
+    probe = {} if probe_us is None else {"probe_us": probe_us}
+    return json.dumps({"t": t, **probe, "gpu": {"sm_mhz": sm, "util": 40}, "threads": [
         scheduler,
         [10, 11, "sglang::scheduler_TP0", "pt_main_thread", 0, 0],
         [20, 20, "/usr/bin/python3 -m sglang.launch_server", "python3", other_ticks, 0],
@@ -60,7 +61,7 @@ def _write_run(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
             t = T0 + second + half
             step = 2 * second + (1 if half else 0)
             lines.append(_sample(t, sched_ticks=50 * step, sched_wait_ns=5_000_000 * step,
-                                 other_ticks=10 * step))
+                                 other_ticks=10 * step, probe_us=2000.0 if second == 3 else 1000.0))
     with gzip.open(samples, "wt") as out:
         out.write("\n".join(lines) + "\n")
     return logs, samples
@@ -77,8 +78,9 @@ def test_slow_seconds_are_reported_with_what_the_machine_did(
     assert out[3] == ("slow seconds: 1, median cycle 50.0 ms; SM clock 1980.0 MHz, GPU busy 40.0 %; "
                       "scheduler on a CPU 100.0 % (in the kernel - %), waiting 1.0 %, - minor "
                       "faults/s; the other threads 20.0 % of a CPU together, the busiest "
-                      "/usr/bin/python3/python3 20 %")
+                      "/usr/bin/python3/python3 20 %; the probe 2000.0 µs")
     assert out[4].startswith("fast seconds: 3, median cycle 31.0 ms; SM clock 1980.0 MHz")
+    assert out[4].endswith("; the probe 1000.0 µs")
 
 
 def test_sampled_seconds_average_the_rates_ending_in_them() -> None:
@@ -100,6 +102,7 @@ def test_sampled_seconds_average_the_rates_ending_in_them() -> None:
     older = slow_seconds.sampled_seconds(
         [_sample(T0 + k / 2, sched_ticks=k, sched_wait_ns=0, other_ticks=0) for k in range(3)])
     assert older[T0].scheduler_kernel is None and older[T0].scheduler_faults_per_s is None
+    assert older[T0].probe_us is None
 
 
 @pytest.mark.parametrize("argv,fragment", [
