@@ -9,7 +9,8 @@ of the same configuration then differ by up to 1.6x on the same machine
 thread of the scheduler process on the hyperthreads of the last physical core it may use, every
 other process of the server and the benchmark itself on the rest (see :func:`plan_pinning`).
 With ``--together`` the servers run at once and each scheduler gets a core of its own
-(:func:`plan_pinning_apart`).
+(:func:`plan_pinning_apart`). Where sysfs shows one thread per core (the H200 machines of stop
+38), a scheduler's core is a single vCPU that all its threads share.
 
 The scheduler is found by its process title: SGLang 0.5.12 names it ``sglang::scheduler...``
 (``setproctitle``), which ``/proc/PID/cmdline`` shows.
