@@ -33,6 +33,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from cpu_contention import parse_schedstat
+from cpu_pinning import process_title
+
 _PROC = pathlib.Path("/proc")
 
 
@@ -60,12 +63,8 @@ def matching_pids(*, match: str, proc: pathlib.Path = _PROC) -> Iterator[tuple[i
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace").strip()
-        except OSError:
-            continue
-        if match in title:
+        title = process_title(int(entry.name), proc=proc)  # "" once the process is gone
+        if title and match in title:
             yield int(entry.name), title
 
 
@@ -86,8 +85,8 @@ def thread_rows(*, match: str, proc: pathlib.Path = _PROC) -> list[list[Any]]:
             except (OSError, ValueError):
                 continue
             try:
-                waited = int((task / "schedstat").read_text().split()[1])
-            except (OSError, ValueError, IndexError):
+                waited = parse_schedstat((task / "schedstat").read_text())[1]
+            except (OSError, ValueError):
                 waited = -1
             rows.append([pid, tid, title[:80], name, ticks, waited, system, minor_faults])
     return rows

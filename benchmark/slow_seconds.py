@@ -36,11 +36,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from cpu_pinning import SCHEDULER_TITLE
 from prefill_gaps import logs_of, prefill_gaps_ms
 
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
 SCHEDULER_THREAD = "sglang::schedul"  # the scheduler's main thread (names are cut at 15 chars)
-SCHEDULER_PROCESS = "sglang::scheduler"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +93,7 @@ def _rates(before: Mapping, after: Mapping, *, elapsed: float) -> dict[str, obje
         if old is None:
             continue
         cpu = (row[4] - old[4]) / 100.0 / elapsed  # clock ticks (USER_HZ 100) per second
-        if row[2].startswith(SCHEDULER_PROCESS) and row[3] == SCHEDULER_THREAD:
+        if row[2].startswith(SCHEDULER_TITLE) and row[3] == SCHEDULER_THREAD:
             scheduler_cpu += cpu
             if row[5] >= 0 and old[5] >= 0:
                 scheduler_wait += (row[5] - old[5]) / 1e9 / elapsed
