@@ -176,6 +176,24 @@ def test_the_real_data_stride_is_validated(stride):
         RealDataSources(sources=(_words(),), partial=False, verify_stride=stride)
 
 
+def test_with_expected_inputs_equals_replace_and_validates_only_the_expectations():
+    view = _extend()
+    tokens, positions = _i64(1, 2, 3, 4), _i64(1, 2, 0, 1)
+    given = view.with_expected_inputs(expected_input_ids=tokens, expected_positions=positions)
+    assert given == dataclasses.replace(view, expected_input_ids=tokens,
+                                        expected_positions=positions)
+    assert given.expected_input_ids is tokens and given.expected_positions is positions
+    assert view.expected_input_ids is None  # the view itself is unchanged
+    with pytest.raises(ValueError, match=r"CanaryBatchView.expected_input_ids must have shape \[4\]"):
+        view.with_expected_inputs(expected_input_ids=_i64(1, 2), expected_positions=positions)
+    with pytest.raises(TypeError, match="CanaryBatchView.expected_positions must be torch.int64"):
+        view.with_expected_inputs(expected_input_ids=tokens,
+                                  expected_positions=positions.to(torch.int32))
+    meta = torch.zeros(4, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match="CanaryBatchView.expected_input_ids is on meta"):
+        view.with_expected_inputs(expected_input_ids=meta, expected_positions=positions)
+
+
 def test_all_tensors_must_share_one_device():
     meta = torch.zeros(2, dtype=torch.int64, device="meta")
     with pytest.raises(ValueError, match="seq_lens is on meta"):

@@ -160,5 +160,39 @@ def test_every_live_mode_carries_the_seq_lens_section(caplog) -> None:
     assert _rows(caplog, runner) == []
 
 
+def test_layouts_that_alternate_are_cut_from_the_upload_area_once(caplog, monkeypatch) -> None:
+    """Batch-1 requests, one after another, alternate between a prefill's upload layout and its
+    decode step's: each layout's sections are cut from the upload area once and reused, and
+    they still read each forward's own upload (a drift in a late request is reported)."""
+    from sglang.srt.kv_canary.runner.request_rows import RowUpdates
+
+    drift = _Drift()
+    server, runner = _server(caplog, drift)
+    cuts: list[tuple[int, ...]] = []
+    sections_on = RowUpdates.sections_on
+
+    def counting(updates: RowUpdates, device_packed):
+        if device_packed.data_ptr() == runner._staging.data_ptr():  # cut from the area
+            cuts.append(updates.segment_sizes)
+        return sections_on(updates, device_packed)
+
+    monkeypatch.setattr(RowUpdates, "sections_on", counting)
+    for index in range(4):
+        request = SimulatedRequest(rid=f"q{index}", prompt=list(range(100 * index + 1,
+                                                                      100 * index + 6)),
+                                   max_new_tokens=2)
+        server.admit(request)
+        if index == 3:
+            drift.step, drift.row, drift.delta = server.forwards, 0, 1
+        server.extend([(request, 5)])
+        server.decode([request])
+        server.finish(request)
+    assert len(cuts) == len(set(cuts)) == 2  # the prefill's layout and the decode step's
+    (row,) = _rows(caplog, runner)
+    assert (row.reasons, row.step, row.stored_chain, row.expected_chain) == (
+        int(Reason.VERIFY_SEQ_LENS), drift.step, 6, 5
+    )
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

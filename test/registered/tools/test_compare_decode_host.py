@@ -1,6 +1,6 @@
 """``benchmark/compare_decode_host.py`` runs on a CPU: it loads a git revision's package beside
-the installed one and prints both versions' medians and the per-round ratio for each batch size;
-bad arguments (and a revision git does not know) are refused with the flag, the value and what
+the installed one and prints both versions' medians and the per-round ratio for each batch size
+(``--bench request``: for each configuration of batch-1 requests); bad arguments (and a revision git does not know) are refused with the flag, the value and what
 is allowed."""
 
 import pathlib
@@ -39,9 +39,24 @@ def test_a_small_run_against_head_prints_both_versions_and_the_ratio() -> None:
     ), line
 
 
+def test_the_request_bench_compares_each_configuration() -> None:
+    done = _run("--against", "HEAD", "--bench", "request", "--rounds", "2", "--steps", "2",
+                "--configs", "canary")
+    assert done.returncode == 0, done.stderr
+    header, line = done.stdout.strip().splitlines()[-2:]
+    assert "per batch-1 request" in header
+    assert re.fullmatch(
+        r"canary: checkout [\d.]+, HEAD [\d.]+; checkout / HEAD by round [\d.]+ "
+        r"\(quartiles [\d.]+-[\d.]+, 2 rounds\)", line
+    ), line
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--bench", "request", "--configs", "canary,fast"],
+         "--configs='canary,fast': unknown ['fast']; allowed: canary, all-checks"),
+        (["--bench", "prefill"], "argument --bench: invalid choice: 'prefill'"),
         (["--rounds", "0"], "--rounds=0 is invalid; allowed: an integer >= 1"),
         (["--steps", "0"], "--steps=0 is invalid; allowed: an integer >= 1"),
         (["--batches", "1,x"], "--batches='1,x' is invalid; allowed: integers >= 1"),

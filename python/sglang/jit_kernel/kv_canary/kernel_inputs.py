@@ -301,6 +301,33 @@ class CanaryBatchView:
         """Whether verified slots are compared with the token history."""
         return self.token_history is not None and self.verify_token
 
+    def with_expected_inputs(
+        self, *, expected_input_ids: torch.Tensor, expected_positions: torch.Tensor
+    ) -> CanaryBatchView:
+        """This view with the write-input expectations set: the same as ``dataclasses.replace``
+        with those two fields, but only they are validated (the rest of this view already was:
+        the eager EXTEND path calls this once per forward, where a whole validation costs tens
+        of µs of host time).
+
+        Raises:
+            TypeError / ValueError: an expectation is not an int64 ``[num_tokens]`` contiguous
+                tensor on this view's device.
+        """
+        view = object.__new__(CanaryBatchView)
+        for name in CanaryBatchView.__slots__:
+            object.__setattr__(view, name, getattr(self, name))
+        object.__setattr__(view, "expected_input_ids", expected_input_ids)
+        object.__setattr__(view, "expected_positions", expected_positions)
+        device = self.req_pool_indices.device
+        for name in ("expected_input_ids", "expected_positions"):
+            tensor = _vector(view, name, (torch.int64,), length=self.num_tokens)
+            if tensor.device != device:
+                raise ValueError(
+                    f"CanaryBatchView.{name} is on {tensor.device}, expected {device} "
+                    "(all tensors on one device)"
+                )
+        return view
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweepEntries:

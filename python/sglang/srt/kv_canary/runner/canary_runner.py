@@ -143,6 +143,7 @@ RUNNER_ATTRIBUTE = "kv_canary"  # attribute of a ModelRunner
 DRAFT_LINE_SUFFIX = " pool=draft"  # ends the EAGLE draft canary's violation / health / stats lines
 _ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
 _EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
+STAGED_LAYOUTS = 8  # upload layouts whose sections stay cut from the upload area
 _T = TypeVar("_T")
 
 
@@ -190,8 +191,9 @@ class CanaryRunner:
         # rows of the last upload's unit append not yet applied by an eager pre launch (graphs
         # apply it themselves: their captured append reads the upload area's header)
         self._pending_unit_append = 0
-        # the sections of the last upload layout cut from the area: (layout key, target, sections)
-        self._staged: tuple[Any, torch.Tensor, Any] | None = None
+        # the sections cut from the upload area per upload layout (layout key -> target,
+        # sections), the most recent :data:`STAGED_LAYOUTS` layouts
+        self._staged: dict[tuple[Any, ...], tuple[torch.Tensor, Any]] = {}
         self._sweep: RadixSweep | None = None
         self._sweep_launches = 0
         self._batch_ids = BatchRequestIds(device=self._device)
@@ -875,25 +877,26 @@ class CanaryRunner:
         kind = forward_kind(forward_batch)
         if kind is None:
             return None
+        capturing = _capturing(self._device)
         if self.token_history is not None:
-            self._append_history(rows=forward_batch.batch_size)
+            self._append_history(rows=forward_batch.batch_size, capturing=capturing)
         view = build_batch_view(
             forward_batch, kind=kind, checks=self._token_check_fields(forward_batch),
             host_seq_lens=self._host_seq_lens, blocks=self._blocks,
         )
         self._kernels.pre_forward(state=self._state_for(kind), batch=view)
-        if _capturing(self._device):
+        if capturing:
             if self._launches_in_capture is not None:
                 self._launches_in_capture += 1
         else:
             self._launches += 1
         return view
 
-    def _append_history(self, *, rows: int) -> None:
+    def _append_history(self, *, rows: int, capturing: bool) -> None:
         """The token-history append of the last upload's unit append, before the pre launch:
         captured into a graph of ``rows`` rows (every replay applies its own upload's, or
         nothing), or launched eagerly when the last upload has one pending."""
-        if _capturing(self._device):
+        if capturing:
             max_rows = rows
         else:
             max_rows, self._pending_unit_append = self._pending_unit_append, 0
@@ -924,8 +927,8 @@ class CanaryRunner:
                         forward_batch=forward_batch, admitted=admitted
                     ),
                 )
-                view = dataclasses.replace(
-                    view, expected_input_ids=tokens, expected_positions=positions
+                view = view.with_expected_inputs(
+                    expected_input_ids=tokens, expected_positions=positions
                 )
         self._kernels.post_forward(state=self._state_for(forward_kind(forward_batch)), batch=view)
 
@@ -994,9 +997,11 @@ class CanaryRunner:
 
         The copy lands at the start of the persistent upload area, so its header and seq_lens
         section are what the captured graphs read. The sections of a layout (its segment sizes)
-        are cut once and reused while the layout repeats (decode steps of one batch). An upload
-        larger than the area goes to a buffer of its own, and its header and seq_lens to the
-        area's head (the mirror has a row for every request row, so it holds any batch's).
+        are cut once and reused whenever the layout comes again: the decode steps of one batch,
+        and the few layouts batch-1 requests alternate between (a prefill's, its first decode
+        step's), up to :data:`STAGED_LAYOUTS` of them. An upload larger than the area goes to a
+        buffer of its own, and its header and seq_lens to the area's head (the mirror has a row
+        for every request row, so it holds any batch's).
 
         A unit append (``updates.unit_append``: one token per row) is not scattered here: the
         pre launch's append applies it, from a captured graph or eagerly
@@ -1005,9 +1010,9 @@ class CanaryRunner:
         """
         key = (updates.segment_sizes, updates.has_history, updates.has_owners,
                updates.has_admissions)
-        staged = self._staged
-        if staged is not None and staged[0] == key:
-            target, sections = staged[1], staged[2]
+        staged = self._staged.get(key)
+        if staged is not None:
+            target, sections = staged
             in_area = True
         else:
             words = updates.packed.shape[0]
@@ -1015,7 +1020,9 @@ class CanaryRunner:
             if in_area:
                 target = self._staging[:words]
                 sections = updates.sections_on(target)
-                self._staged = (key, target, sections)
+                if len(self._staged) >= STAGED_LAYOUTS:
+                    del self._staged[next(iter(self._staged))]  # the oldest
+                self._staged[key] = (target, sections)
             else:
                 target = torch.empty((words,), dtype=torch.int64, device=self._device)
                 sections = updates.sections_on(target)

@@ -77,6 +77,7 @@ from sglang.srt.kv_canary.runner.upload_buffers import UploadBuffer, UploadBuffe
 
 UNKNOWN_OWNER_CHAIN = 0  # "the host does not know": the device adopts the record's chain
 UPLOAD_HEADER_WORDS = 1  # the packed upload's header: the unit-append row count (RowUpdates)
+_NO_TOKENS = np.empty((0,), dtype=np.int64)
 
 
 class RequestHistory(Protocol):
@@ -524,9 +525,10 @@ class RequestRows:
                     unknown += 1
                 elif whole_history is not None:
                     owner_values.append(chain_after_numpy(whole_history[:prefix_len]))
-                else:
+                else:  # (no cached prefix: the chain of no tokens, nothing to read)
                     owner_values.append(chain_after_numpy(
                         _history_array(origin, output, prefix_len, skip=skip)
+                        if prefix_len > 0 else _NO_TOKENS
                     ))
         if tails:
             history_chunks.append(tails)
