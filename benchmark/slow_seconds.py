@@ -122,6 +122,35 @@ def _mean_second(items: Sequence[Mapping[str, object]]) -> Second:
                   busiest_other=busiest, probe_us=mean("probe"))
 
 
+def probe_spread(lines: Iterable[str]) -> list[str]:
+    """The probe's p10 / p50 / p90 over every sample, and over the samples taken while no SGLang
+    thread ran (an idle machine: what the probe's CPU does on its own); no line without a probe.
+    A probe that changes as much on an idle machine as in slow seconds says the CPUs' speed
+    changes by itself, whatever runs."""
+    every: list[float] = []
+    idle: list[float] = []
+    for line in lines:
+        sample = json.loads(line)
+        probe = sample.get("probe_us")
+        if probe is None:
+            continue
+        every.append(probe)
+        if not sample["threads"]:
+            idle.append(probe)
+
+    def describe(values: list[float]) -> str:
+        if len(values) < 2:
+            return f"{values[0]:.0f} µs (1 sample)" if values else "no samples"
+        deciles = statistics.quantiles(values, n=10, method="inclusive")
+        return (f"p10 / p50 / p90 {deciles[0]:.0f} / {statistics.median(values):.0f} / "
+                f"{deciles[8]:.0f} µs ({len(values)} samples)")
+
+    if not every:
+        return []
+    return [f"the probe over the run: {describe(every)}; with no SGLang thread running: "
+            f"{describe(idle)}"]
+
+
 def cycles_by_second(lines: Iterable[str], *, new_tokens: int) -> dict[int, list[float]]:
     """Per whole second (UTC epoch) of the log, the request cycles (ms) of its prefill lines."""
     found: dict[int, list[float]] = defaultdict(list)
@@ -199,11 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in (options.logs, options.samples):
         if not path.exists():
             parser.error(f"{path} does not exist")
-    seconds = sampled_seconds(_open_text(options.samples))
+    samples = list(_open_text(options.samples))
+    seconds = sampled_seconds(samples)
     logs = [(name, cycles_by_second(lines, new_tokens=options.new_tokens))
             for name, lines in logs_of(options.logs)]
     for line in report(logs=logs, seconds=seconds, min_requests=options.min_requests,
-                       slow_factor=options.slow_factor):
+                       slow_factor=options.slow_factor) + probe_spread(samples):
         print(line)
     return 0
 

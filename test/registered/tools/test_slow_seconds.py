@@ -81,6 +81,20 @@ def test_slow_seconds_are_reported_with_what_the_machine_did(
                       "/usr/bin/python3/python3 20 %; the probe 2000.0 µs")
     assert out[4].startswith("fast seconds: 3, median cycle 31.0 ms; SM clock 1980.0 MHz")
     assert out[4].endswith("; the probe 1000.0 µs")
+    assert out[5] == ("the probe over the run: p10 / p50 / p90 1000 / 1000 / 2000 µs (10 "
+                      "samples); with no SGLang thread running: no samples")
+
+
+def test_the_probe_spread_sets_an_idle_machine_apart() -> None:
+    idle = [json.dumps({"t": T0 + i, "probe_us": value, "gpu": {}, "threads": []})
+            for i, value in enumerate((1600.0, 3200.0, 1700.0))]
+    busy = _sample(T0 + 9, sched_ticks=0, sched_wait_ns=0, other_ticks=0, probe_us=2000.0)
+    assert slow_seconds.probe_spread([*idle, busy]) == [
+        "the probe over the run: p10 / p50 / p90 1630 / 1850 / 2840 µs (4 samples); with no "
+        "SGLang thread running: p10 / p50 / p90 1620 / 1700 / 2900 µs (3 samples)"
+    ]
+    assert slow_seconds.probe_spread([_sample(T0, sched_ticks=0, sched_wait_ns=0,
+                                              other_ticks=0)]) == []
 
 
 def test_sampled_seconds_average_the_rates_ending_in_them() -> None:
