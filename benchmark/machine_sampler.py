@@ -17,9 +17,14 @@ CPU that nothing else uses (``taskset -c 13``): if the probe slows in the same s
 server's scheduler, the whole machine's CPUs ran slower (clock, shared caches, memory); if it
 does not, the slowness is local to the scheduler's CPU or process.
 
+``--probe-only`` writes ``t`` and ``probe_us`` only (no ``/proc`` walk, no NVML: about 1 ms of
+work per sample), for a second sampler pinned to the scheduler's own CPU (``taskset -c 15``,
+where ``--pin-scheduler`` puts it): it tells how fast that very vCPU ran in each second
+(``slow_seconds.py --cpu-probe``), at a cost of 0.2 % of its time at the default interval.
+
 Usage: ``taskset -c 13 python benchmark/machine_sampler.py --out samples.jsonl
-[--interval-s 0.5] [--duration-s 600] [--probe]``; it stops after ``--duration-s`` or on
-SIGTERM.
+[--interval-s 0.5] [--duration-s 600] [--probe | --probe-only]``; it stops after
+``--duration-s`` or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -131,15 +136,16 @@ def probe_us(*, timer: Callable[[], int] = time.perf_counter_ns) -> float:
 
 def sample_line(*, match: str, gpu: Callable[[], dict[str, int]] | None,
                 proc: pathlib.Path = _PROC, clock: Callable[[], float] = time.time,
-                probe: Callable[[], float] | None = None) -> str:
+                probe: Callable[[], float] | None = None, threads: bool = True) -> str:
     """One JSON line of the current state (``probe``: adds ``probe_us``, see
-    :func:`probe_us`)."""
+    :func:`probe_us`; ``threads`` False: no ``threads`` rows, no ``/proc`` read)."""
     line: dict[str, Any] = {"t": round(clock(), 3)}
     if probe is not None:
         line["probe_us"] = round(probe(), 1)
     if gpu is not None:
         line["gpu"] = gpu()
-    line["threads"] = thread_rows(match=match, proc=proc)
+    if threads:
+        line["threads"] = thread_rows(match=match, proc=proc)
     return json.dumps(line, separators=(",", ":"))
 
 
@@ -154,19 +160,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="sample the processes whose command line contains this")
     parser.add_argument("--probe", action="store_true",
                         help="time a fixed piece of pure-Python work in every sample (probe_us)")
+    parser.add_argument("--probe-only", action="store_true",
+                        help="write only the time and the probe (no threads, no GPU): for a "
+                             "sampler on the scheduler's own CPU")
     options = parser.parse_args(argv)
+    if options.probe_only and options.probe:
+        parser.error("--probe and --probe-only are exclusive; allowed: one of them "
+                     "(--probe-only implies the probe)")
     for name in ("interval_s", "duration_s"):
         if not getattr(options, name) > 0:
             parser.error(f"--{name.replace('_', '-')}={getattr(options, name)} is invalid; "
                          "allowed: > 0")
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    gpu = gpu_reader()
+    gpu = None if options.probe_only else gpu_reader()
+    probe = probe_us if options.probe or options.probe_only else None
     end = time.monotonic() + options.duration_s
     with options.out.open("w", encoding="utf-8") as out:
         while not stopping and time.monotonic() < end:
-            out.write(sample_line(match=options.match, gpu=gpu,
-                                  probe=probe_us if options.probe else None) + "\n")
+            out.write(sample_line(match=options.match, gpu=gpu, probe=probe,
+                                  threads=not options.probe_only) + "\n")
             out.flush()
             time.sleep(options.interval_s)
     return 0

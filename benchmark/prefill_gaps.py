@@ -63,11 +63,16 @@ class LogGaps:
     @property
     def config(self) -> str:
         """The configuration in a ``MODEL-CONFIG-runN.log`` name."""
-        return _RUN_SUFFIX.sub("", self.log.split("-", 1)[-1])
+        return config_of(self.log)
 
     def percentiles(self) -> tuple[float, float, float]:
         """``(p10, p50, p90)`` of the gaps, by the rule the server tables use for TTFTs."""
         return ttft_percentiles_ms(self.gaps_ms)
+
+
+def config_of(log: str) -> str:
+    """The configuration in a server log named ``MODEL-CONFIG-runN.log``."""
+    return _RUN_SUFFIX.sub("", log.split("-", 1)[-1])
 
 
 def prefill_gaps_ms(lines: Iterator[str], *, new_tokens: int) -> Iterator[float]:

@@ -19,6 +19,14 @@ can see.
       benchmark/results/2026-11-29-h200-8b-ttft1-sampled-459e85d-logs.tar.gz \
       --samples benchmark/results/2026-11-29-h200-8b-ttft1-sampled-459e85d-samples.jsonl.gz
 
+``--cpu-probe FILE`` takes the lines of a second sampler run with ``--probe-only`` on the
+scheduler's own CPU and judges each second by that vCPU's speed instead: fast when its probe is
+under ``--fast-factor`` times the probe's p10 over the run. Per server log it prints its seconds
+with a probe, the fast ones, and the median request cycle in its fast and its slow seconds; per
+configuration the median cycle over the fast seconds of all its servers. Configurations compared
+over their fast seconds ran on equally fast vCPUs; and if the slow request cycles fall in the
+vCPU's slow seconds, the slow mode is the vCPU's, not the server's.
+
 Server log times are read as UTC (the GPU host's clock); runs on any machine.
 """
 
@@ -37,7 +45,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from cpu_pinning import SCHEDULER_TITLE
-from prefill_gaps import logs_of, prefill_gaps_ms
+from prefill_gaps import config_of, logs_of, prefill_gaps_ms
 
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
 SCHEDULER_THREAD = "sglang::schedul"  # the scheduler's main thread (names are cut at 15 chars)
@@ -135,7 +143,7 @@ def probe_spread(lines: Iterable[str]) -> list[str]:
         if probe is None:
             continue
         every.append(probe)
-        if not sample["threads"]:
+        if sample.get("threads") == []:
             idle.append(probe)
 
     def describe(values: list[float]) -> str:
@@ -149,6 +157,48 @@ def probe_spread(lines: Iterable[str]) -> list[str]:
         return []
     return [f"the probe over the run: {describe(every)}; with no SGLang thread running: "
             f"{describe(idle)}"]
+
+
+def probe_by_second(lines: Iterable[str]) -> dict[int, float]:
+    """The mean ``probe_us`` per whole second of the wall clock (lines without one skipped)."""
+    probes: dict[int, list[float]] = defaultdict(list)
+    for line in lines:
+        sample = json.loads(line)
+        if sample.get("probe_us") is not None:
+            probes[int(sample["t"])].append(sample["probe_us"])
+    return {second: statistics.fmean(values) for second, values in probes.items()}
+
+
+def gated_report(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
+                 cpu_probe: Mapping[int, float], min_requests: int,
+                 fast_factor: float) -> list[str]:
+    """``--cpu-probe`` (module docstring): seconds judged by the scheduler's vCPU's speed."""
+    if len(cpu_probe) < 2:
+        return ["--cpu-probe: fewer than two seconds with a probe"]
+    bound = fast_factor * statistics.quantiles(cpu_probe.values(), n=10, method="inclusive")[0]
+    lines = [f"the scheduler's CPU (--cpu-probe): a second is fast when its probe is under "
+             f"{bound:.0f} µs ({fast_factor:g} x its p10 over the run)"]
+    by_config: dict[str, list[float]] = defaultdict(list)
+    servers: dict[str, int] = defaultdict(int)
+
+    def median(values: Sequence[float]) -> str:
+        return f"{statistics.median(values):.1f} ms" if values else "-"
+
+    for name, by_second in logs:
+        fast: list[float] = []
+        slow: list[float] = []
+        for second, cycles in sorted(by_second.items()):
+            if len(cycles) >= min_requests and second in cpu_probe:
+                (fast if cpu_probe[second] < bound else slow).append(statistics.median(cycles))
+        lines.append(f"{name}: {len(fast) + len(slow)} seconds with a probe, {len(fast)} fast; "
+                     f"median cycle {median(fast)} in the fast ones, {median(slow)} in the slow")
+        config = config_of(name)
+        servers[config] += 1
+        by_config[config] += fast
+    for config, fast in by_config.items():
+        lines.append(f"{config} ({servers[config]} server{'s' if servers[config] > 1 else ''}): "
+                     f"median cycle {median(fast)} over its {len(fast)} fast seconds")
+    return lines
 
 
 def cycles_by_second(lines: Iterable[str], *, new_tokens: int) -> dict[int, list[float]]:
@@ -220,13 +270,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="prefills a second needs to be judged (>= 1; default 5)")
     parser.add_argument("--slow-factor", type=float, default=1.3,
                         help="slow: over this times the fastest second (> 1; default 1.3)")
+    parser.add_argument("--cpu-probe", type=pathlib.Path,
+                        help="machine_sampler.py --probe-only lines from the scheduler's own CPU: "
+                             "also judge the seconds by that vCPU's speed")
+    parser.add_argument("--fast-factor", type=float, default=1.15,
+                        help="--cpu-probe: a fast second's probe is under this times the "
+                             "probe's p10 (> 1; default 1.15)")
     options = parser.parse_args(argv)
     if options.min_requests < 1:
         parser.error(f"--min-requests={options.min_requests} is invalid; allowed: an integer >= 1")
     if not options.slow_factor > 1:
         parser.error(f"--slow-factor={options.slow_factor} is invalid; allowed: > 1")
-    for path in (options.logs, options.samples):
-        if not path.exists():
+    if not options.fast_factor > 1:
+        parser.error(f"--fast-factor={options.fast_factor} is invalid; allowed: > 1")
+    for path in (options.logs, options.samples, options.cpu_probe):
+        if path is not None and not path.exists():
             parser.error(f"{path} does not exist")
     samples = list(_open_text(options.samples))
     seconds = sampled_seconds(samples)
@@ -235,6 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in report(logs=logs, seconds=seconds, min_requests=options.min_requests,
                        slow_factor=options.slow_factor) + probe_spread(samples):
         print(line)
+    if options.cpu_probe is not None:
+        for line in gated_report(logs=logs, cpu_probe=probe_by_second(_open_text(options.cpu_probe)),
+                                 min_requests=options.min_requests,
+                                 fast_factor=options.fast_factor):
+            print(line)
     return 0
 
 

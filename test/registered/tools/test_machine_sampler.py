@@ -1,6 +1,7 @@
 """``benchmark/machine_sampler.py``: thread names and CPU ticks come from /proc stat lines
 (names with spaces and parentheses too), only the matching processes' threads are sampled, and
-a line is JSON with the wall time; bad options name the option, the value and what is
+a line is JSON with the wall time (``--probe-only``: the time and the probe, nothing read from
+/proc); bad options name the option, the value and what is
 allowed."""
 
 import json
@@ -79,7 +80,23 @@ def test_it_writes_lines_until_its_duration_ends(tmp_path: pathlib.Path) -> None
     assert lines and all(line["threads"] == [] and line["probe_us"] > 0 for line in lines)
 
 
+def test_probe_only_writes_the_time_and_the_probe(tmp_path: pathlib.Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_walk(**_: object) -> list:
+        raise AssertionError("--probe-only must not walk /proc")
+
+    monkeypatch.setattr(machine_sampler, "thread_rows", no_walk)
+    monkeypatch.setattr(machine_sampler, "gpu_reader", no_walk)
+    out = tmp_path / "probe.jsonl"
+    assert machine_sampler.main(["--out", str(out), "--interval-s", "0.01", "--probe-only",
+                                 "--duration-s", "0.05"]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines and all(set(line) == {"t", "probe_us"} and line["probe_us"] > 0
+                         for line in lines)
+
+
 @pytest.mark.parametrize("argv,fragment", [
+    (["--probe", "--probe-only"], "--probe and --probe-only are exclusive"),
     (["--interval-s", "0"], "--interval-s=0.0 is invalid; allowed: > 0"),
     (["--duration-s", "-1"], "--duration-s=-1.0 is invalid; allowed: > 0"),
 ])

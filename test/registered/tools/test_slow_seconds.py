@@ -1,7 +1,8 @@
 """``benchmark/slow_seconds.py``: server seconds are judged by their median request cycle
 against the run's fastest second, and each class gets the means of what the sampler saw in
 those seconds (scheduler main thread on a CPU and waiting, the other threads, the SM clock);
-bad options name the option, the value and what is allowed."""
+with ``--cpu-probe`` the seconds are also judged by the scheduler's own vCPU's probe; bad
+options name the option, the value and what is allowed."""
 
 import datetime
 import gzip
@@ -119,9 +120,38 @@ def test_sampled_seconds_average_the_rates_ending_in_them() -> None:
     assert older[T0].probe_us is None
 
 
+def test_a_cpu_probe_judges_the_seconds_by_the_schedulers_vcpu(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logs, samples = _write_run(tmp_path)
+    cpu_probe = tmp_path / "cpu15.jsonl"
+    cpu_probe.write_text("".join(  # --probe-only lines: the vCPU slow in second 3 only
+        json.dumps({"t": T0 + second + half, "probe_us": 2000.0 if second == 3 else 1000.0})
+        + "\n" for second in range(5) for half in (0.0, 0.5)))
+    assert slow_seconds.main([str(logs), "--samples", str(samples),
+                              "--cpu-probe", str(cpu_probe)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-5:] == [
+        "the scheduler's CPU (--cpu-probe): a second is fast when its probe is under 1150 µs "
+        "(1.15 x its p10 over the run)",
+        "8b-canary-run1.log: 2 seconds with a probe, 1 fast; median cycle 32.0 ms in the fast "
+        "ones, 50.0 ms in the slow",
+        "8b-off-run1.log: 2 seconds with a probe, 2 fast; median cycle 30.5 ms in the fast ones, "
+        "- in the slow",
+        "canary (1 server): median cycle 32.0 ms over its 1 fast seconds",
+        "off (1 server): median cycle 30.5 ms over its 2 fast seconds",
+    ]
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"t": T0, "probe_us": 1000.0}) + "\n")
+    assert slow_seconds.main([str(logs), "--samples", str(samples), "--cpu-probe", str(one)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "--cpu-probe: fewer than two seconds with a probe")
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["--min-requests", "0"], "--min-requests=0 is invalid; allowed: an integer >= 1"),
     (["--slow-factor", "1"], "--slow-factor=1.0 is invalid; allowed: > 1"),
+    (["--fast-factor", "0.9"], "--fast-factor=0.9 is invalid; allowed: > 1"),
+    (["--cpu-probe", "/no/such/cpu15.jsonl"], "/no/such/cpu15.jsonl does not exist"),
 ])
 def test_bad_options_name_the_option(argv: list[str], fragment: str, tmp_path: pathlib.Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
