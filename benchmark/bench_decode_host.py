@@ -36,19 +36,27 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES
-from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
-from sglang.srt.kv_canary.hooks.model_runner import around_forward
-from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
-from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates
-from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
-from sglang.srt.kv_canary.selfcheck.simulation import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import InnerTime  # noqa: E402
+
+from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES  # noqa: E402
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode  # noqa: E402
+from sglang.srt.kv_canary.hooks.model_runner import around_forward  # noqa: E402
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner  # noqa: E402
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels  # noqa: E402
+from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates  # noqa: E402
+from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler  # noqa: E402
+from sglang.srt.kv_canary.selfcheck.scenarios import (  # noqa: E402
+    init_new_hooks,
+    install_canary_runner,
+)
+from sglang.srt.kv_canary.selfcheck.simulation import (  # noqa: E402
     VOCAB_SIZE,
     SimulatedModelRunner,
     SimulatedRequest,
@@ -100,18 +108,10 @@ class _StepTimer:
         def timed_run_forward(
             runner: CanaryRunner, *, forward_batch: Any, forward: Callable[[], Any]
         ) -> Any:
-            inner = [0.0]
-
-            def timed_forward() -> Any:
-                start = time.perf_counter()
-                try:
-                    return forward()
-                finally:
-                    inner[0] = time.perf_counter() - start
-
+            inner = InnerTime()
             start = time.perf_counter()
-            result = run_forward(runner, forward_batch=forward_batch, forward=timed_forward)
-            timer.run_forward.append((time.perf_counter() - start - inner[0]) * 1e6)
+            result = run_forward(runner, forward_batch=forward_batch, forward=inner.wrap(forward))
+            timer.run_forward.append((time.perf_counter() - start - inner.seconds) * 1e6)
             return result
 
         CanaryRunner.on_init_new = timed_init_new

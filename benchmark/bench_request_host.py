@@ -33,18 +33,26 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES
-from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
-from sglang.srt.kv_canary.hooks.model_runner import around_forward
-from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
-from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
-from sglang.srt.kv_canary.selfcheck.simulation import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import InnerTime  # noqa: E402
+
+from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES  # noqa: E402
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode  # noqa: E402
+from sglang.srt.kv_canary.hooks.model_runner import around_forward  # noqa: E402
+from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner  # noqa: E402
+from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels  # noqa: E402
+from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler  # noqa: E402
+from sglang.srt.kv_canary.selfcheck.scenarios import (  # noqa: E402
+    init_new_hooks,
+    install_canary_runner,
+)
+from sglang.srt.kv_canary.selfcheck.simulation import (  # noqa: E402
     VOCAB_SIZE,
     SimulatedModelRunner,
     SimulatedRequest,
@@ -102,21 +110,12 @@ class _Recorder:
         def call(runner: CanaryRunner, *args: Any, **kwargs: Any) -> Any:
             batch = kwargs.get("forward_batch", args[0] if args else None)
             part = (name, batch.forward_mode.name)
-            inner = [0.0]
+            inner = InnerTime()
             if name == "run_forward":
-                forward = kwargs["forward"]
-
-                def timed_forward() -> Any:
-                    start = time.perf_counter()
-                    try:
-                        return forward()
-                    finally:
-                        inner[0] = time.perf_counter() - start
-
-                kwargs["forward"] = timed_forward
+                kwargs["forward"] = inner.wrap(kwargs["forward"])
             start = time.perf_counter()
             result = hook(runner, *args, **kwargs)
-            elapsed = time.perf_counter() - start - inner[0]
+            elapsed = time.perf_counter() - start - inner.seconds
             if recorder.counting and part in recorder.times:
                 recorder.times[part].append(elapsed * 1e6)
             return result

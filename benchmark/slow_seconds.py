@@ -294,8 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        slow_factor=options.slow_factor) + probe_spread(samples):
         print(line)
     if options.cpu_probe is not None:
-        for line in gated_report(logs=logs, cpu_probe=probe_by_second(_open_text(options.cpu_probe)),
-                                 min_requests=options.min_requests,
+        cpu_probe = probe_by_second(_open_text(options.cpu_probe))
+        for line in gated_report(logs=logs, cpu_probe=cpu_probe, min_requests=options.min_requests,
                                  fast_factor=options.fast_factor):
             print(line)
     return 0

@@ -12,6 +12,9 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +71,24 @@ def difference(*, minuend: Spread, subtrahend: Spread) -> Difference:
     """``minuend.median - subtrahend.median``, with the two half-widths added."""
     return Difference(value=minuend.median - subtrahend.median,
                       half_width=minuend.half_width + subtrahend.half_width)
+
+
+class InnerTime:
+    """A callable whose own time an enclosing timer leaves out: :meth:`wrap` returns ``fn``
+    timed; ``seconds`` holds the duration of its last call (0 before one)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, fn: Callable[[], _T]) -> Callable[[], _T]:
+        def timed() -> _T:
+            start = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                self.seconds = time.perf_counter() - start
+
+        return timed
 
 
 def host_time_us(*, fn: Callable[[], object], repeats: int = 20) -> Spread:
