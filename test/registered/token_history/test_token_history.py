@@ -269,6 +269,21 @@ def test_without_a_token_history_no_fresh_row_is_deferred() -> None:
     assert early.read_whole == ()
 
 
+def test_a_fresh_row_s_chain_reads_nothing_of_its_request(monkeypatch) -> None:
+    """Owner chains only, no cached prefix: the chain of no tokens, with no pass over the
+    request's token lists (the batch-1 prefill's path to its first token)."""
+    from sglang.srt.kv_canary.runner import request_rows
+
+    def no_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a fresh row's tokens were read")
+
+    monkeypatch.setattr(request_rows, "_history_array", no_read)
+    rows = RequestRows(num_rows=4, token_history=False, owner_chains=True, pin_memory=False)
+    updates = rows.prepare(reqs=[_req("fresh", [1, 2, 3], [], row=1)], prefix_lens=[0],
+                           seq_lens=[3], defer_new_owners=True)
+    assert updates.owners.values.tolist() == [chain_after_scalar(tokens=[])]
+
+
 def test_an_eagle_draft_row_holds_the_request_s_tokens_from_index_1() -> None:
     """The EAGLE draft pool's slot ``p`` holds the token of ``p + 1``: with ``history_offset=1``
     the row's history and owner chains are those of ``(origin + output)[1:]``, whole, as tails
