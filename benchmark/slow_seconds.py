@@ -11,9 +11,10 @@ saw then: the SM clock and utilization, the scheduler's main thread (``sglang::s
 CPU (and of that in the kernel), waiting to run and faulting pages in (minor faults per second;
 "-" in sample files written before the sampler read them), the CPU used by every other
 thread of the SGLang processes (with the busiest such thread) and, where the sampler ran with
-``--probe``, how long its fixed piece of work took on its own CPU. If slow seconds show the same CPU time for the scheduler, no more
-waiting, the same clock and no busier thread, the slowness comes from outside what the guest
-can see.
+``--probe``, how long its fixed piece of work took on its own CPU (per server log too: its
+seconds' median cycle and median probe). If slow seconds show the same CPU time for the
+scheduler, no more waiting, the same clock and no busier thread, the slowness comes from
+outside what the guest can see.
 
     python benchmark/slow_seconds.py \
       benchmark/results/2026-11-29-h200-8b-ttft1-sampled-459e85d-logs.tar.gz \
@@ -231,7 +232,11 @@ def report(*, logs: Sequence[tuple[str, dict[int, list[float]]]], seconds: Mappi
         mine = [(cycle, seconds[second]) for (log, second), cycle in sorted(medians.items())
                 if log == name]
         slow = sum(cycle > bound for cycle, _ in mine)
-        lines.append(f"{name}: {len(mine)} seconds, {slow} slow")
+        probes = [second.probe_us for _, second in mine if second.probe_us is not None]
+        probe = f"; the probe {statistics.median(probes):.0f} µs" if probes else ""
+        cycles = (f", median cycle {statistics.median(cycle for cycle, _ in mine):.1f} ms"
+                  if mine else "")
+        lines.append(f"{name}: {len(mine)} seconds, {slow} slow{cycles}{probe}")
         for cycle, second in mine:
             classes["slow" if cycle > bound else "fast"].append((cycle, second))
     for label, members in classes.items():

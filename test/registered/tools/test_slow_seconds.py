@@ -75,7 +75,10 @@ def test_slow_seconds_are_reported_with_what_the_machine_did(
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("slow: a second whose median request cycle is over 39.0 ms (1.3 x the "
                       "run's fastest second)")
-    assert out[1:3] == ["8b-canary-run1.log: 2 seconds, 1 slow", "8b-off-run1.log: 2 seconds, 0 slow"]
+    assert out[1:3] == [
+        "8b-canary-run1.log: 2 seconds, 1 slow, median cycle 41.0 ms; the probe 1500 µs",
+        "8b-off-run1.log: 2 seconds, 0 slow, median cycle 30.5 ms; the probe 1000 µs",
+    ]
     assert out[3] == ("slow seconds: 1, median cycle 50.0 ms; SM clock 1980.0 MHz, GPU busy 40.0 %; "
                       "scheduler on a CPU 100.0 % (in the kernel - %), waiting 1.0 %, - minor "
                       "faults/s; the other threads 20.0 % of a CPU together, the busiest "
