@@ -17,21 +17,33 @@ CPU that nothing else uses (``taskset -c 13``): if the probe slows in the same s
 server's scheduler, the whole machine's CPUs ran slower (clock, shared caches, memory); if it
 does not, the slowness is local to the scheduler's CPU or process.
 
-``--probe-only`` writes ``t`` and ``probe_us`` only (no ``/proc`` walk, no NVML: about 1 ms of
-work per sample), for a second sampler pinned to the scheduler's own CPU (``taskset -c 15``,
-where ``--pin-scheduler`` puts it): it tells how fast that very vCPU ran in each second
-(``slow_seconds.py --cpu-probe``), at a cost of 0.2 % of its time at the default interval.
+The probe has a second part, ``probe_mem_us``: a fixed number of steps of a pointer chase
+through a list far larger than a CPU's caches (``--probe-memory-words``, 4 Mi entries, about
+150 MB), each step's address read from the step before. The first part runs in
+the CPU's registers and first-level cache and so follows its clock; the second follows the
+latency of memory. The scheduler's Python chases pointers through a large heap: a slowdown in
+the second part alone (the vCPU's memory further away, another tenant's traffic) slows it while
+the first part does not move.
+
+``--probe-only`` writes ``t``, ``probe_us`` and ``probe_mem_us`` only (no ``/proc`` walk, no
+NVML: a few ms of work per sample), for a second sampler pinned to the scheduler's own CPU
+(``taskset -c 15``, where ``--pin-scheduler`` puts it): it tells how fast that very vCPU ran in
+each second (``slow_seconds.py --cpu-probe``), at a cost of well under 1 % of its time at the
+default interval.
 
 Usage: ``taskset -c 13 python benchmark/machine_sampler.py --out samples.jsonl
-[--interval-s 0.5] [--duration-s 600] [--probe | --probe-only]``; it stops after
+[--interval-s 0.5] [--duration-s 600] [--probe | --probe-only] [--probe-memory-words N]``;
+the chase is built before the first sample (a few seconds); it stops after
 ``--duration-s`` or on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
+import random
 import signal
 import sys
 import time
@@ -134,14 +146,49 @@ def probe_us(*, timer: Callable[[], int] = time.perf_counter_ns) -> float:
     return (timer() - started) / 1e3
 
 
+MEMORY_PROBE_WORDS = 1 << 22  # entries of the pointer chase (far beyond a CPU's caches)
+MEMORY_PROBE_STEPS = 2_000
+
+
+def memory_chain(words: int, *, seed: int = 0) -> list[int]:
+    """A random permutation of ``range(words)`` that is one cycle (Sattolo's algorithm): chasing
+    ``i = chain[i]`` from any entry visits every entry before it comes back.
+
+    Raises:
+        ValueError: ``words`` < 2.
+    """
+    if words < 2:
+        raise ValueError(f"a pointer chase needs at least 2 entries, got {words}")
+    chain = list(range(words))
+    rng = random.Random(seed)
+    for i in range(words - 1, 0, -1):
+        j = rng.randrange(i)
+        chain[i], chain[j] = chain[j], chain[i]
+    return chain
+
+
+def memory_probe_us(chain: list[int], *, steps: int = MEMORY_PROBE_STEPS,
+                    timer: Callable[[], int] = time.perf_counter_ns) -> float:
+    """Microseconds ``steps`` steps of the pointer chase through ``chain`` took this time."""
+    started = timer()
+    index = 0
+    for _ in range(steps):
+        index = chain[index]
+    return (timer() - started) / 1e3
+
+
 def sample_line(*, match: str, gpu: Callable[[], dict[str, int]] | None,
                 proc: pathlib.Path = _PROC, clock: Callable[[], float] = time.time,
-                probe: Callable[[], float] | None = None, threads: bool = True) -> str:
-    """One JSON line of the current state (``probe``: adds ``probe_us``, see
-    :func:`probe_us`; ``threads`` False: no ``threads`` rows, no ``/proc`` read)."""
+                probe: Callable[[], float] | None = None,
+                memory_probe: Callable[[], float] | None = None, threads: bool = True) -> str:
+    """One JSON line of the current state (``probe`` / ``memory_probe``: add ``probe_us`` /
+    ``probe_mem_us``, see :func:`probe_us` and :func:`memory_probe_us`; ``threads`` False: no
+    ``threads`` rows, no ``/proc`` read)."""
     line: dict[str, Any] = {"t": round(clock(), 3)}
     if probe is not None:
         line["probe_us"] = round(probe(), 1)
+    if memory_probe is not None:
+        line["probe_mem_us"] = round(memory_probe(), 1)
     if gpu is not None:
         line["gpu"] = gpu()
     if threads:
@@ -163,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-only", action="store_true",
                         help="write only the time and the probe (no threads, no GPU): for a "
                              "sampler on the scheduler's own CPU")
+    parser.add_argument("--probe-memory-words", type=int, default=MEMORY_PROBE_WORDS,
+                        help="entries of the probe's pointer chase (>= 2; default "
+                             f"{MEMORY_PROBE_WORDS}, about 150 MB)")
     options = parser.parse_args(argv)
+    if options.probe_memory_words < 2:
+        parser.error(f"--probe-memory-words={options.probe_memory_words} is invalid; allowed: "
+                     "an integer >= 2")
     if options.probe_only and options.probe:
         parser.error("--probe and --probe-only are exclusive; allowed: one of them "
                      "(--probe-only implies the probe)")
@@ -174,11 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     gpu = None if options.probe_only else gpu_reader()
-    probe = probe_us if options.probe or options.probe_only else None
+    probe = memory_probe = None
+    if options.probe or options.probe_only:
+        probe = probe_us
+        chain = memory_chain(options.probe_memory_words)
+        memory_probe = functools.partial(memory_probe_us, chain)
     end = time.monotonic() + options.duration_s
     with options.out.open("w", encoding="utf-8") as out:
         while not stopping and time.monotonic() < end:
             out.write(sample_line(match=options.match, gpu=gpu, probe=probe,
+                                  memory_probe=memory_probe,
                                   threads=not options.probe_only) + "\n")
             out.flush()
             time.sleep(options.interval_s)

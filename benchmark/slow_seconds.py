@@ -21,10 +21,11 @@ outside what the guest can see.
       --samples benchmark/results/2026-11-29-h200-8b-ttft1-sampled-459e85d-samples.jsonl.gz
 
 ``--cpu-probe FILE`` takes the lines of a second sampler run with ``--probe-only`` on the
-scheduler's own CPU and judges each second by that vCPU's speed instead: fast when its probe is
-under ``--fast-factor`` times the probe's p10 over the run. Per server log it prints its seconds
-with a probe, the fast ones, and the median request cycle in its fast and its slow seconds; per
-configuration the median cycle over the fast seconds of all its servers. Configurations compared
+scheduler's own CPU and judges each second by that vCPU's speed instead: fast when its probe,
+and its memory probe where sampled, are under ``--fast-factor`` times their p10 over the run.
+Per server log it prints its seconds with a probe, the fast ones, and the median request cycle
+in its fast and its slow seconds; per configuration the median cycle over the fast seconds of
+all its servers. Configurations compared
 over their fast seconds ran on equally fast vCPUs; and if the slow request cycles fall in the
 vCPU's slow seconds, the slow mode is the vCPU's, not the server's.
 
@@ -58,7 +59,8 @@ class Second:
     (None: no GPU reading), the scheduler main thread's share of a CPU, of it in the kernel, of
     waiting, and its minor faults per second (those two None: not sampled), the CPU of every
     other sampled thread together, the busiest of them (name, share), and the sampler's probe
-    in µs (None: sampled without ``--probe``)."""
+    and memory probe in µs (None: sampled without ``--probe``, or by a sampler older than the
+    memory probe)."""
 
     sm_mhz: float | None
     gpu_util: float | None
@@ -69,6 +71,7 @@ class Second:
     others_cpu: float
     busiest_other: tuple[str, float]
     probe_us: float | None = None
+    probe_mem_us: float | None = None
 
 
 def _open_text(path: pathlib.Path) -> Iterator[str]:
@@ -116,7 +119,8 @@ def _rates(before: Mapping, after: Mapping, *, elapsed: float) -> dict[str, obje
     gpu = after.get("gpu") or {}
     return {"sm": gpu.get("sm_mhz"), "util": gpu.get("util"), "cpu": scheduler_cpu,
             "kernel": kernel, "wait": scheduler_wait, "faults": faults, "others": others,
-            "busiest": busiest, "probe": after.get("probe_us")}
+            "busiest": busiest, "probe": after.get("probe_us"),
+            "probe_mem": after.get("probe_mem_us")}
 
 
 def _mean_second(items: Sequence[Mapping[str, object]]) -> Second:
@@ -128,7 +132,8 @@ def _mean_second(items: Sequence[Mapping[str, object]]) -> Second:
     return Second(sm_mhz=mean("sm"), gpu_util=mean("util"), scheduler_cpu=mean("cpu") or 0.0,
                   scheduler_kernel=mean("kernel"), scheduler_wait=mean("wait") or 0.0,
                   scheduler_faults_per_s=mean("faults"), others_cpu=mean("others") or 0.0,
-                  busiest_other=busiest, probe_us=mean("probe"))
+                  busiest_other=busiest, probe_us=mean("probe"),
+                  probe_mem_us=mean("probe_mem"))
 
 
 def probe_spread(lines: Iterable[str]) -> list[str]:
@@ -136,16 +141,17 @@ def probe_spread(lines: Iterable[str]) -> list[str]:
     thread ran (an idle machine: what the probe's CPU does on its own); no line without a probe.
     A probe that changes as much on an idle machine as in slow seconds says the CPUs' speed
     changes by itself, whatever runs."""
-    every: list[float] = []
-    idle: list[float] = []
+    every: dict[str, list[float]] = defaultdict(list)
+    idle: dict[str, list[float]] = defaultdict(list)
     for line in lines:
         sample = json.loads(line)
-        probe = sample.get("probe_us")
-        if probe is None:
-            continue
-        every.append(probe)
-        if sample.get("threads") == []:
-            idle.append(probe)
+        for key in ("probe_us", "probe_mem_us"):
+            probe = sample.get(key)
+            if probe is None:
+                continue
+            every[key].append(probe)
+            if sample.get("threads") == []:
+                idle[key].append(probe)
 
     def describe(values: list[float]) -> str:
         if len(values) < 2:
@@ -154,31 +160,45 @@ def probe_spread(lines: Iterable[str]) -> list[str]:
         return (f"p10 / p50 / p90 {deciles[0]:.0f} / {statistics.median(values):.0f} / "
                 f"{deciles[8]:.0f} µs ({len(values)} samples)")
 
-    if not every:
-        return []
-    return [f"the probe over the run: {describe(every)}; with no SGLang thread running: "
-            f"{describe(idle)}"]
+    return [f"the {label} over the run: {describe(every[key])}; with no SGLang thread running: "
+            f"{describe(idle[key])}"
+            for key, label in (("probe_us", "probe"), ("probe_mem_us", "memory probe"))
+            if every[key]]
 
 
-def probe_by_second(lines: Iterable[str]) -> dict[int, float]:
-    """The mean ``probe_us`` per whole second of the wall clock (lines without one skipped)."""
+def probe_by_second(lines: Iterable[str], *, key: str = "probe_us") -> dict[int, float]:
+    """The mean of ``key`` (``probe_us``, ``probe_mem_us``) per whole second of the wall clock
+    (lines without it skipped)."""
     probes: dict[int, list[float]] = defaultdict(list)
     for line in lines:
         sample = json.loads(line)
-        if sample.get("probe_us") is not None:
-            probes[int(sample["t"])].append(sample["probe_us"])
+        if sample.get(key) is not None:
+            probes[int(sample["t"])].append(sample[key])
     return {second: statistics.fmean(values) for second, values in probes.items()}
 
 
 def gated_report(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
-                 cpu_probe: Mapping[int, float], min_requests: int,
-                 fast_factor: float) -> list[str]:
-    """``--cpu-probe`` (module docstring): seconds judged by the scheduler's vCPU's speed."""
+                 cpu_probe: Mapping[int, float], min_requests: int, fast_factor: float,
+                 cpu_memory_probe: Mapping[int, float] | None = None) -> list[str]:
+    """``--cpu-probe`` (module docstring): seconds judged by the scheduler's vCPU's speed (its
+    probe and, where sampled, its memory probe: a fast second is under both bounds)."""
     if len(cpu_probe) < 2:
         return ["--cpu-probe: fewer than two seconds with a probe"]
-    bound = fast_factor * statistics.quantiles(cpu_probe.values(), n=10, method="inclusive")[0]
+
+    def bound_of(probes: Mapping[int, float]) -> float:
+        return fast_factor * statistics.quantiles(probes.values(), n=10, method="inclusive")[0]
+
+    bound = bound_of(cpu_probe)
+    memory = cpu_memory_probe if cpu_memory_probe and len(cpu_memory_probe) >= 2 else {}
+    memory_bound = bound_of(memory) if memory else None
+    also = "" if memory_bound is None else f" and its memory probe under {memory_bound:.0f} µs"
     lines = [f"the scheduler's CPU (--cpu-probe): a second is fast when its probe is under "
-             f"{bound:.0f} µs ({fast_factor:g} x its p10 over the run)"]
+             f"{bound:.0f} µs{also} ({fast_factor:g} x {'its' if not also else 'their'} p10 "
+             "over the run)"]
+
+    def is_fast(second: int) -> bool:
+        slow_memory = memory_bound is not None and memory.get(second, 0.0) >= memory_bound
+        return cpu_probe[second] < bound and not slow_memory
     by_config: dict[str, list[float]] = defaultdict(list)
     servers: dict[str, int] = defaultdict(int)
 
@@ -190,7 +210,7 @@ def gated_report(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
         slow: list[float] = []
         for second, cycles in sorted(by_second.items()):
             if len(cycles) >= min_requests and second in cpu_probe:
-                (fast if cpu_probe[second] < bound else slow).append(statistics.median(cycles))
+                (fast if is_fast(second) else slow).append(statistics.median(cycles))
         lines.append(f"{name}: {len(fast) + len(slow)} seconds with a probe, {len(fast)} fast; "
                      f"median cycle {median(fast)} in the fast ones, {median(slow)} in the slow")
         config = config_of(name)
@@ -232,8 +252,14 @@ def report(*, logs: Sequence[tuple[str, dict[int, list[float]]]], seconds: Mappi
         mine = [(cycle, seconds[second]) for (log, second), cycle in sorted(medians.items())
                 if log == name]
         slow = sum(cycle > bound for cycle, _ in mine)
-        probes = [second.probe_us for _, second in mine if second.probe_us is not None]
-        probe = f"; the probe {statistics.median(probes):.0f} µs" if probes else ""
+        probe = ""
+        for label, values in (
+            ("probe", [second.probe_us for _, second in mine]),
+            ("memory probe", [second.probe_mem_us for _, second in mine]),
+        ):
+            known = [value for value in values if value is not None]
+            if known:
+                probe += f"; the {label} {statistics.median(known):.0f} µs"
         cycles = (f", median cycle {statistics.median(cycle for cycle, _ in mine):.1f} ms"
                   if mine else "")
         lines.append(f"{name}: {len(mine)} seconds, {slow} slow{cycles}{probe}")
@@ -259,7 +285,10 @@ def report(*, logs: Sequence[tuple[str, dict[int, list[float]]]], seconds: Mappi
             f"{mean(100 * s.scheduler_wait for s in picked)} %, "
             f"{mean(s.scheduler_faults_per_s for s in picked)} minor faults/s; the other threads "
             f"{mean(100 * s.others_cpu for s in picked)} % of a CPU together, the busiest "
-            f"{busiest[0]} {100 * busiest[1]:.0f} %; the probe {mean(s.probe_us for s in picked)} µs")
+            f"{busiest[0]} {100 * busiest[1]:.0f} %; the probe "
+            f"{mean(s.probe_us for s in picked)} µs"
+            + ("" if all(s.probe_mem_us is None for s in picked)
+               else f", the memory probe {mean(s.probe_mem_us for s in picked)} µs"))
     return lines
 
 
@@ -299,8 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        slow_factor=options.slow_factor) + probe_spread(samples):
         print(line)
     if options.cpu_probe is not None:
-        cpu_probe = probe_by_second(_open_text(options.cpu_probe))
-        for line in gated_report(logs=logs, cpu_probe=cpu_probe, min_requests=options.min_requests,
+        cpu_lines = list(_open_text(options.cpu_probe))
+        for line in gated_report(logs=logs, cpu_probe=probe_by_second(cpu_lines),
+                                 cpu_memory_probe=probe_by_second(cpu_lines, key="probe_mem_us"),
+                                 min_requests=options.min_requests,
                                  fast_factor=options.fast_factor):
             print(line)
     return 0

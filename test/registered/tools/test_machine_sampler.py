@@ -72,12 +72,29 @@ def test_the_probe_times_a_fixed_piece_of_work() -> None:
     assert machine_sampler.probe_us(timer=lambda: next(ticks)) == pytest.approx(1811.0)
 
 
+def test_the_memory_probe_chases_one_cycle_through_every_entry() -> None:
+    chain = machine_sampler.memory_chain(1000, seed=3)
+    assert sorted(chain) == list(range(1000))
+    index, seen = 0, set()
+    for _ in range(1000):
+        seen.add(index)
+        index = chain[index]
+    assert index == 0 and len(seen) == 1000  # one cycle: back at the start after every entry
+    ticks = iter([5_000, 3_005_000])
+    assert machine_sampler.memory_probe_us(chain, steps=10,
+                                           timer=lambda: next(ticks)) == pytest.approx(3000.0)
+    with pytest.raises(ValueError, match="at least 2 entries, got 1"):
+        machine_sampler.memory_chain(1)
+
+
 def test_it_writes_lines_until_its_duration_ends(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "samples.jsonl"
     assert machine_sampler.main(["--out", str(out), "--interval-s", "0.01", "--probe",
-                                 "--duration-s", "0.05", "--match", "no-such-process-xyz"]) == 0
+                                 "--duration-s", "0.05", "--match", "no-such-process-xyz",
+                                 "--probe-memory-words", "4096"]) == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert lines and all(line["threads"] == [] and line["probe_us"] > 0 for line in lines)
+    assert lines and all(line["threads"] == [] and line["probe_us"] > 0
+                         and line["probe_mem_us"] > 0 for line in lines)
 
 
 def test_probe_only_writes_the_time_and_the_probe(tmp_path: pathlib.Path,
@@ -89,14 +106,15 @@ def test_probe_only_writes_the_time_and_the_probe(tmp_path: pathlib.Path,
     monkeypatch.setattr(machine_sampler, "gpu_reader", no_walk)
     out = tmp_path / "probe.jsonl"
     assert machine_sampler.main(["--out", str(out), "--interval-s", "0.01", "--probe-only",
-                                 "--duration-s", "0.05"]) == 0
+                                 "--duration-s", "0.05", "--probe-memory-words", "4096"]) == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert lines and all(set(line) == {"t", "probe_us"} and line["probe_us"] > 0
+    assert lines and all(set(line) == {"t", "probe_us", "probe_mem_us"} and line["probe_us"] > 0
                          for line in lines)
 
 
 @pytest.mark.parametrize("argv,fragment", [
     (["--probe", "--probe-only"], "--probe and --probe-only are exclusive"),
+    (["--probe-memory-words", "1"], "--probe-memory-words=1 is invalid; allowed: an integer >= 2"),
     (["--interval-s", "0"], "--interval-s=0.0 is invalid; allowed: > 0"),
     (["--duration-s", "-1"], "--duration-s=-1.0 is invalid; allowed: > 0"),
 ])

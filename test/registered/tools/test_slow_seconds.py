@@ -32,13 +32,16 @@ def _prefill(second: int, *, cycle_ms: float) -> str:
 
 
 def _sample(t: float, *, sched_ticks: int, sched_wait_ns: int, other_ticks: int,
-            sm: int = 1980, faults: int | None = None, probe_us: float | None = None) -> str:
+            sm: int = 1980, faults: int | None = None, probe_us: float | None = None,
+            probe_mem_us: float | None = None) -> str:
     """A sampler line; ``faults`` given: the 8-value rows (kernel ticks = a tenth of the
     scheduler's ticks), else the older 6-value ones; ``probe_us`` given: with the probe."""
     scheduler = [10, 10, "sglang::scheduler_TP0", "sglang::schedul", sched_ticks, sched_wait_ns]
     if faults is not None:
         scheduler += [sched_ticks // 10, faults]
     probe = {} if probe_us is None else {"probe_us": probe_us}
+    if probe_mem_us is not None:
+        probe["probe_mem_us"] = probe_mem_us
     return json.dumps({"t": t, **probe, "gpu": {"sm_mhz": sm, "util": 40}, "threads": [
         scheduler,
         [10, 11, "sglang::scheduler_TP0", "pt_main_thread", 0, 0],
@@ -46,7 +49,8 @@ def _sample(t: float, *, sched_ticks: int, sched_wait_ns: int, other_ticks: int,
     ]})
 
 
-def _write_run(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+def _write_run(tmp_path: pathlib.Path, *,
+               memory: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
     logs = tmp_path / "logs"
     logs.mkdir()
     # off: 2 fast seconds; canary: 1 fast second, then 1 slow one
@@ -62,7 +66,10 @@ def _write_run(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
             t = T0 + second + half
             step = 2 * second + (1 if half else 0)
             lines.append(_sample(t, sched_ticks=50 * step, sched_wait_ns=5_000_000 * step,
-                                 other_ticks=10 * step, probe_us=2000.0 if second == 3 else 1000.0))
+                                 other_ticks=10 * step,
+                                 probe_us=2000.0 if second == 3 else 1000.0,
+                                 probe_mem_us=(600.0 if second == 3 else 300.0) if memory
+                                 else None))
     with gzip.open(samples, "wt") as out:
         out.write("\n".join(lines) + "\n")
     return logs, samples
@@ -97,8 +104,23 @@ def test_the_probe_spread_sets_an_idle_machine_apart() -> None:
         "the probe over the run: p10 / p50 / p90 1630 / 1850 / 2840 µs (4 samples); with no "
         "SGLang thread running: p10 / p50 / p90 1620 / 1700 / 2900 µs (3 samples)"
     ]
+    memory = json.dumps({"t": T0, "probe_us": 1000.0, "probe_mem_us": 400.0, "threads": []})
+    assert slow_seconds.probe_spread([memory])[1] == (
+        "the memory probe over the run: 400 µs (1 sample); with no SGLang thread running: 400 "
+        "µs (1 sample)")
     assert slow_seconds.probe_spread([_sample(T0, sched_ticks=0, sched_wait_ns=0,
                                               other_ticks=0)]) == []
+
+
+def test_the_memory_probe_is_reported_where_it_was_sampled(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logs, samples = _write_run(tmp_path, memory=True)
+    assert slow_seconds.main([str(logs), "--samples", str(samples)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("8b-canary-run1.log: 2 seconds, 1 slow, median cycle 41.0 ms; the probe "
+                      "1500 µs; the memory probe 450 µs")
+    assert out[3].endswith("; the probe 2000.0 µs, the memory probe 600.0 µs")
+    assert out[-1].startswith("the memory probe over the run: p10 / p50 / p90 300 / 300 / ")
 
 
 def test_sampled_seconds_average_the_rates_ending_in_them() -> None:
@@ -143,6 +165,19 @@ def test_a_cpu_probe_judges_the_seconds_by_the_schedulers_vcpu(
         "canary (1 server): median cycle 32.0 ms over its 1 fast seconds",
         "off (1 server): median cycle 30.5 ms over its 2 fast seconds",
     ]
+    # with the memory probe: a second whose memory probe alone is slow is a slow second
+    cpu_probe.write_text("".join(
+        json.dumps({"t": T0 + second + half, "probe_us": 2000.0 if second == 3 else 1000.0,
+                    "probe_mem_us": 900.0 if second == 0 else 300.0})
+        + "\n" for second in range(5) for half in (0.0, 0.5)))
+    assert slow_seconds.main([str(logs), "--samples", str(samples),
+                              "--cpu-probe", str(cpu_probe)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-5] == ("the scheduler's CPU (--cpu-probe): a second is fast when its probe is "
+                       "under 1150 µs and its memory probe under 345 µs (1.15 x their p10 over "
+                       "the run)")
+    assert out[-3] == ("8b-off-run1.log: 2 seconds with a probe, 1 fast; median cycle 31.0 ms in "
+                       "the fast ones, 30.0 ms in the slow")
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps({"t": T0, "probe_us": 1000.0}) + "\n")
     assert slow_seconds.main([str(logs), "--samples", str(samples), "--cpu-probe", str(one)]) == 0
