@@ -29,7 +29,6 @@ Usage: ``python benchmark/bench_decode_host.py [--steps 400] [--batches 1,64] [-
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import operator
 import random
 import statistics
@@ -43,25 +42,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from simulated_canary import canary_server, random_prompt, stubbed_kernels  # noqa: E402
 from timing import InnerTime  # noqa: E402
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES  # noqa: E402
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode  # noqa: E402
-from sglang.srt.kv_canary.hooks.model_runner import around_forward  # noqa: E402
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner  # noqa: E402
-from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels  # noqa: E402
 from sglang.srt.kv_canary.runner.request_rows import RequestRows, RowUpdates  # noqa: E402
-from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler  # noqa: E402
-from sglang.srt.kv_canary.selfcheck.scenarios import (  # noqa: E402
-    init_new_hooks,
-    install_canary_runner,
-)
-from sglang.srt.kv_canary.selfcheck.simulation import (  # noqa: E402
-    VOCAB_SIZE,
-    SimulatedModelRunner,
-    SimulatedRequest,
-    SimulatedServer,
-)
+from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest  # noqa: E402
 
 CONFIG = CanaryConfig(
     mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL, enable_token_oracle=True,
@@ -148,25 +136,18 @@ class _SteadyFloor:
 def measure(*, requests: int, steps: int, steady_floor: bool = False) -> tuple[float, float]:
     """Median µs per steady decode step of ``on_init_new`` and of ``run_forward``'s own work,
     over ``steps`` steps after ten warm-up steps (``steady_floor``: see ``--steady-floor``)."""
-    kernels = dataclasses.replace(
-        load_kernels(KernelBackend.TORCH_REFERENCE), pre_forward=_no_launch,
-        post_forward=_no_launch, scatter_req_token_ids=_no_launch,
+    kernels = stubbed_kernels(
+        pre_forward=_no_launch, post_forward=_no_launch, scatter_req_token_ids=_no_launch,
         admission_owner_check=_no_launch, append_history_tokens=_no_launch,
         publish_counters=_count_publication,
     )
-    page_size = 4
     context = PROMPT + steps + 16
-    server = SimulatedServer(
-        page_size=page_size, num_pages=requests * (context // page_size + 1) + 8,
-        max_requests=requests + 1, max_context_len=context,
-        forward=lambda batch: around_forward(SimulatedModelRunner.forward, server.runner, batch),
-        init_new_hooks=init_new_hooks(CONFIG), sampler=OracleSampler(vocab_size=VOCAB_SIZE),
-    )
-    install_canary_runner(model_runner=server.runner, config=CONFIG, kernels=kernels)
+    server = canary_server(config=CONFIG, kernels=kernels, tokens=requests * (context + 4),
+                           requests=requests, context=context)
     rng = random.Random(0)
     batch = [
         SimulatedRequest(rid=f"r{i}", max_new_tokens=steps + 12,
-                         prompt=[rng.randrange(VOCAB_SIZE) for _ in range(PROMPT)])
+                         prompt=random_prompt(rng, PROMPT))
         for i in range(requests)
     ]
     for request in batch:

@@ -19,7 +19,6 @@ Usage: ``python benchmark/bench_extend_host.py [--forwards 12] [--batches 8x2048
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import statistics
 import sys
@@ -32,23 +31,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from simulated_canary import canary_server, random_prompt, stubbed_kernels  # noqa: E402
 from timing import host_time_us  # noqa: E402
 
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode  # noqa: E402
-from sglang.srt.kv_canary.hooks.model_runner import around_forward  # noqa: E402
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner  # noqa: E402
-from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels  # noqa: E402
-from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler  # noqa: E402
-from sglang.srt.kv_canary.selfcheck.scenarios import (  # noqa: E402
-    init_new_hooks,
-    install_canary_runner,
-)
-from sglang.srt.kv_canary.selfcheck.simulation import (  # noqa: E402
-    VOCAB_SIZE,
-    SimulatedModelRunner,
-    SimulatedRequest,
-    SimulatedServer,
-)
+from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest  # noqa: E402
 
 SCENARIOS = ((8, 2048), (64, 512), (1, 8192))  # (requests, prompt tokens) of one forward
 HOOKS = ("on_init_new", "launch_before_model", "launch_after_model")
@@ -82,24 +70,18 @@ def _timed_hooks(times: dict[str, list[float]]) -> Callable[[], None]:
 def measure(*, requests: int, prompt: int, forwards: int) -> dict[str, float]:
     """Median µs per extend forward of each hook over ``forwards`` forwards of fresh prompts
     (after one warm-up forward), and the floor."""
-    kernels = dataclasses.replace(
-        load_kernels(KernelBackend.TORCH_REFERENCE), pre_forward=_no_launch,
-        post_forward=_no_launch, scatter_req_token_ids=_no_launch,
+    kernels = stubbed_kernels(
+        pre_forward=_no_launch, post_forward=_no_launch, scatter_req_token_ids=_no_launch,
         admission_owner_check=_no_launch, append_history_tokens=_no_launch,
     )
-    page_size = 4
-    server = SimulatedServer(
-        page_size=page_size, num_pages=(forwards + 1) * requests * prompt // page_size + 64,
-        max_requests=(forwards + 1) * requests + 1, max_context_len=prompt + 8,
-        forward=lambda batch: around_forward(SimulatedModelRunner.forward, server.runner, batch),
-        init_new_hooks=init_new_hooks(CONFIG), sampler=OracleSampler(vocab_size=VOCAB_SIZE),
-    )
-    install_canary_runner(model_runner=server.runner, config=CONFIG, kernels=kernels)
+    server = canary_server(config=CONFIG, kernels=kernels,
+                           tokens=(forwards + 1) * requests * prompt,
+                           requests=(forwards + 1) * requests, context=prompt + 8)
     rng = random.Random(0)
     batches = []
     for index in range(forwards + 1):
         batch = [SimulatedRequest(rid=f"r{index}-{i}", max_new_tokens=1,
-                                  prompt=[rng.randrange(VOCAB_SIZE) for _ in range(prompt)])
+                                  prompt=random_prompt(rng, prompt))
                  for i in range(requests)]
         for request in batch:
             server.admit(request)

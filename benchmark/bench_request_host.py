@@ -40,24 +40,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from simulated_canary import canary_server, random_prompt, stubbed_kernels  # noqa: E402
 from timing import InnerTime  # noqa: E402
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_PUBLISHES  # noqa: E402
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode  # noqa: E402
-from sglang.srt.kv_canary.hooks.model_runner import around_forward  # noqa: E402
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner  # noqa: E402
-from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels  # noqa: E402
-from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler  # noqa: E402
-from sglang.srt.kv_canary.selfcheck.scenarios import (  # noqa: E402
-    init_new_hooks,
-    install_canary_runner,
-)
-from sglang.srt.kv_canary.selfcheck.simulation import (  # noqa: E402
-    VOCAB_SIZE,
-    SimulatedModelRunner,
-    SimulatedRequest,
-    SimulatedServer,
-)
+from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest  # noqa: E402
 
 # the stubbed launches count nothing on the device: no device-agreement check, no stats
 _QUIET = dict(health_check_every_n_steps=1 << 40, stats_print_every_n_steps=0, ring_capacity=512)
@@ -140,32 +129,18 @@ def measure(*, config: str, requests: int, prompt: int) -> RequestHostCost:
     """The canary's host cost per request over ``requests`` requests of ``prompt`` fresh tokens
     (after :data:`WARM_UP_REQUESTS`), one at a time, each prefilled and decoded one step."""
     recorder = _Recorder()
-    kernels = dataclasses.replace(
-        load_kernels(KernelBackend.TORCH_REFERENCE),
-        **{name: recorder.launch for name in _LAUNCHES},
-        publish_counters=_count_publication,
-    )
-    canary_config = CONFIGS[config]
+    kernels = stubbed_kernels(**{name: recorder.launch for name in _LAUNCHES},
+                              publish_counters=_count_publication)
     total = requests + WARM_UP_REQUESTS
-    page_size = 4
     context = prompt + 8
     try:
-        server = SimulatedServer(
-            page_size=page_size, num_pages=total * (context // page_size + 1) + 8,
-            max_requests=total + 1, max_context_len=context,
-            forward=lambda batch: around_forward(SimulatedModelRunner.forward, server.runner,
-                                                 batch),
-            init_new_hooks=init_new_hooks(canary_config),
-            sampler=OracleSampler(vocab_size=VOCAB_SIZE),
-        )
-        install_canary_runner(model_runner=server.runner, config=canary_config, kernels=kernels)
+        server = canary_server(config=CONFIGS[config], kernels=kernels,
+                               tokens=total * (context + 4), requests=total, context=context)
         rng = random.Random(0)
         for index in range(total):
             recorder.counting = index >= WARM_UP_REQUESTS
-            request = SimulatedRequest(
-                rid=f"r{index}", max_new_tokens=2,
-                prompt=[rng.randrange(VOCAB_SIZE) for _ in range(prompt)],
-            )
+            request = SimulatedRequest(rid=f"r{index}", max_new_tokens=2,
+                                       prompt=random_prompt(rng, prompt))
             server.admit(request)
             server.extend([(request, prompt - request.kv_len)])
             server.decode([request])

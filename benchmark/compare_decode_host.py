@@ -14,8 +14,9 @@ The revision's ``sglang/srt/kv_canary`` and ``sglang/jit_kernel/kv_canary`` are 
 ``sglang.jit_kernel.kv_canary`` reference renamed to ``..._rev``, and imported through
 ``sglang.srt`` / ``sglang.jit_kernel``'s package paths; so is the benchmark, the revision's
 ``bench_decode_host.py`` or this checkout's ``bench_request_host.py`` (newer than the revisions
-it is compared with; it drives the package through hooks every revision has). Nothing is
-installed or written outside that folder. This checkout's package is the installed one (``pip
+it is compared with; it drives the package through hooks every revision has), and the
+simulated server such a benchmark imports (``benchmark/simulated_canary.py``, from the same
+place as the benchmark). Nothing is installed or written outside that folder. This checkout's package is the installed one (``pip
 install .`` first). Runs on any machine (no GPU).
 
 ``--bench request`` compares the canary's host work per batch-1 request (prefill and first
@@ -72,13 +73,24 @@ def load_revision(revision: str, *, into: Path, bench: str = "decode") -> Module
     sglang.srt.__path__.append(str(into / "srt"))
     sglang.jit_kernel.__path__.append(str(into / "jit_kernel"))
     name = f"bench_{bench}_host"
-    if bench == "decode":
-        source = _git("show", f"{revision}:benchmark/{name}.py")
-    else:
-        source = (REPO / "benchmark" / f"{name}.py").read_text()
+    source = _benchmark_source(revision, name, from_revision=bench == "decode")
+    if _HELPER in source:  # the simulated server, importing the package: the revision's too
+        helper = _benchmark_source(revision, _HELPER, from_revision=bench == "decode")
+        (into / f"{_HELPER}_rev.py").write_text(_RENAME.sub(r"\1_rev", helper))
+        source = source.replace(f"from {_HELPER} import", f"from {_HELPER}_rev import")
     (into / f"{name}_rev.py").write_text(_RENAME.sub(r"\1_rev", source))
     sys.path.insert(0, str(into))
     return importlib.import_module(f"{name}_rev")
+
+
+_HELPER = "simulated_canary"  # benchmark/simulated_canary.py
+
+
+def _benchmark_source(revision: str, name: str, *, from_revision: bool) -> str:
+    """``benchmark/NAME.py`` of the revision (``from_revision``), else of this checkout."""
+    if from_revision:
+        return _git("show", f"{revision}:benchmark/{name}.py")
+    return (REPO / "benchmark" / f"{name}.py").read_text()
 
 
 def _ratio_line(ratios: list[float]) -> str:

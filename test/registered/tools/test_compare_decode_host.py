@@ -51,6 +51,27 @@ def test_the_request_bench_compares_each_configuration() -> None:
     ), line
 
 
+@pytest.mark.parametrize("bench", ["decode", "request"])
+def test_the_revision_s_benchmark_drives_the_revision_s_package(bench: str, tmp_path) -> None:
+    """The revision's side imports the renamed package only, through the simulated server too
+    (``benchmark/simulated_canary.py``): the two sides never share the canary's code."""
+    probe = (
+        "import sys, pathlib; sys.path.insert(0, sys.argv[1]); import compare_decode_host as c\n"
+        "m = c.load_revision('HEAD', into=pathlib.Path(sys.argv[2]), bench=sys.argv[3])\n"
+        "from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner\n"
+        "print(m.CanaryRunner.__module__, m.CanaryRunner is CanaryRunner)\n"
+        "helper = getattr(m, 'canary_server', None)\n"
+        "if helper is not None:\n"
+        "    print(helper.__module__, helper.__globals__['install_canary_runner'].__module__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(SCRIPT.parent), str(tmp_path), bench],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "sglang.srt.kv_canary_rev.runner.canary_runner False"
+    assert lines[1] == "simulated_canary_rev sglang.srt.kv_canary_rev.selfcheck.scenarios"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
