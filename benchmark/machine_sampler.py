@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--match", default="sglang",
                         help="sample the processes whose command line contains this")
     parser.add_argument("--probe", action="store_true",
-                        help="time a fixed piece of pure-Python work in every sample (probe_us)")
+                        help="time a fixed piece of pure-Python work (probe_us) and a pointer "
+                             "chase through memory (probe_mem_us) in every sample")
     parser.add_argument("--probe-only", action="store_true",
                         help="write only the time and the probe (no threads, no GPU): for a "
                              "sampler on the scheduler's own CPU")

@@ -320,12 +320,8 @@ class CanaryBatchView:
         object.__setattr__(view, "expected_positions", expected_positions)
         device = self.req_pool_indices.device
         for name in ("expected_input_ids", "expected_positions"):
-            tensor = _vector(view, name, (torch.int64,), length=self.num_tokens)
-            if tensor.device != device:
-                raise ValueError(
-                    f"CanaryBatchView.{name} is on {tensor.device}, expected {device} "
-                    "(all tensors on one device)"
-                )
+            _on_device(view, name, _vector(view, name, (torch.int64,), length=self.num_tokens),
+                       device)
         return view
 
 
@@ -561,14 +557,19 @@ def _check_matrix(
         )
 
 
+def _on_device(owner: object, name: str, tensor: torch.Tensor, device: torch.device) -> None:
+    if tensor.device != device:
+        raise ValueError(
+            f"{type(owner).__name__}.{name} is on {tensor.device}, expected {device} "
+            "(all tensors on one device)"
+        )
+
+
 def _same_device(owner: object, device: torch.device) -> None:
     for name in owner.__slots__:  # type: ignore[attr-defined]
         value = getattr(owner, name)
-        if isinstance(value, torch.Tensor) and value.device != device:
-            raise ValueError(
-                f"{type(owner).__name__}.{name} is on {value.device}, expected {device} "
-                "(all tensors on one device)"
-            )
+        if isinstance(value, torch.Tensor):
+            _on_device(owner, name, value, device)
 
 
 MAX_ORACLE_VOCAB_SIZE = (1 << 31) - 1  # oracle tokens are int32
