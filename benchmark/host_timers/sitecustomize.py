@@ -36,13 +36,28 @@ time over ...`` with the 30 of the most cumulative time. The profiler slows the 
 read its shares, not its totals; the timers give the real totals.
 
 A timed function called with a ``forward_batch=`` keyword (the canary runner's hooks:
-``on_init_new``, ``run_forward``, ...) is also timed per forward mode, as ``NAME[EXTEND]``,
+``on_init_new``, ``run_forward``, ...) or with a batch that has a ``forward_mode`` as its first
+argument after ``self`` (``ModelRunner.forward``, ``Scheduler.run_batch``,
+``Scheduler.process_batch_result``) is also timed per forward mode, as ``NAME[EXTEND]``,
 ``NAME[DECODE]``, ...: a prefill's call apart from the decode steps' (``xcalls`` is then that
-mode's calls per forward).
+mode's calls per forward). At batch 1 a request's first token waits for its prefill's
+``run_batch[EXTEND]``, the first decode step's ``run_batch[DECODE]`` (SGLang's overlap loop
+enqueues it first) and the prefill's ``process_batch_result[EXTEND]``, which waits for the
+device to finish the prefill.
 
 Decode steps replay CUDA graphs: the launch wrappers (``launch_before_model`` /
 ``launch_after_model``) and the extend-forward functions run only in eager forwards, so their
 ``xcalls`` is the share of eager forwards and their mean is per eager (mostly EXTEND) forward.
+
+``KV_CANARY_SYNC_CHECK=1`` (independent of the timers) turns on torch's CUDA sync debug mode
+(``torch.cuda.set_sync_debug_mode("warn")``) in the process that serves, once the canary's
+start-up is over (``CanaryRunner.on_serving_start``, after the graphs are captured), and counts
+every synchronizing call torch reports by the Python line that made it: a line in a
+``kv_canary`` module is the canary's (its first call is logged at once with its stack), any other
+line is SGLang's own. Every 256 forwards the process logs ``KV canary sync check over N
+forwards: canary C, elsewhere E`` with the canary lines seen. torch does not report every sync
+(a copy from pageable host memory, ``Event.synchronize``): zero means none of the kinds it
+reports.
 """
 
 from __future__ import annotations
@@ -55,6 +70,8 @@ import logging
 import os
 import pstats
 import time
+import traceback
+import warnings
 
 
 def _non_negative(value: str, *, variable: str, meaning: str) -> int:
@@ -135,6 +152,10 @@ TIMED = (
     ("sglang.srt.kv_canary.monitor.counter_mailbox", "CounterMailbox.read"),
     ("sglang.srt.kv_canary.monitor.health", "HealthChecker.check"),
     ("sglang.srt.layers.sampler", "Sampler.forward"),
+    # a request's path to its first token: the prefill's run_batch, the first decode step's,
+    # then the prefill's result processing (which waits for the device); split by mode
+    ("sglang.srt.managers.scheduler", "Scheduler.run_batch"),
+    ("sglang.srt.managers.scheduler", "Scheduler.process_batch_result"),
     # controls: scheduler work that runs no canary code
     ("sglang.srt.managers.scheduler", "Scheduler.recv_requests"),
     ("sglang.srt.managers.scheduler", "Scheduler.get_next_batch_to_run"),
@@ -240,10 +261,12 @@ class _CallProfile:
 _totals: dict[str, list[float]] = {}
 
 
-def _mode_of(kwargs: dict) -> str | None:
+def _mode_of(args: tuple, kwargs: dict) -> str | None:
     """The forward mode's name (``EXTEND``, ``DECODE``, ...) of a call given a
-    ``forward_batch=`` keyword (the canary runner's hooks), else None."""
-    batch = kwargs.get("forward_batch")
+    ``forward_batch=`` keyword (the canary runner's hooks) or whose first argument after
+    ``self`` has a ``forward_mode`` (``Scheduler.run_batch``, ``Scheduler.process_batch_result``,
+    ``ModelRunner.forward``), else None."""
+    batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
     mode = getattr(batch, "forward_mode", None)
     return getattr(mode, "name", None)
 
@@ -261,7 +284,7 @@ def _wrap(name: str, function):
             elapsed = time.perf_counter() - start
             entry[0] += elapsed
             entry[1] += 1
-            mode = _mode_of(kwargs)
+            mode = _mode_of(args, kwargs)
             if mode is not None:  # also per forward mode: a prefill's call apart from a step's
                 by_mode = _totals.setdefault(f"{name}[{mode}]", [0.0, 0])
                 by_mode[0] += elapsed
@@ -336,3 +359,101 @@ if _EVERY > 0:
             ModelRunner = None
         if ModelRunner is not None:
             _add_burn(ModelRunner, _BURN_US)
+
+
+SYNC_CHECK_EVERY = 256  # forwards between two sync-check log lines
+_SYNC_MESSAGE = "called a synchronizing CUDA operation"
+
+
+class _SyncCheck:
+    """Counts the synchronizing calls torch's sync debug mode reports, by calling line."""
+
+    def __init__(self) -> None:
+        self.canary: dict[str, int] = {}
+        self.elsewhere = 0
+        self.forwards = 0
+        self._show = warnings.showwarning
+
+    def start(self) -> None:
+        import torch
+
+        warnings.filterwarnings("always", message=f".*{_SYNC_MESSAGE}")
+        warnings.showwarning = self._on_warning
+        torch.cuda.set_sync_debug_mode("warn")
+        logging.getLogger("kv_canary_sync_check").warning(
+            "KV canary sync check: CUDA sync debug mode on"
+        )
+
+    def stop(self) -> None:
+        """Sync debug mode off and the warning display restored (for a check in a test)."""
+        import torch
+
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = self._show
+
+    def _on_warning(self, message, category, filename, lineno, file=None, line=None):
+        if _SYNC_MESSAGE not in str(message):
+            return self._show(message, category, filename, lineno, file, line)
+        if "kv_canary" not in filename:
+            self.elsewhere += 1
+            return None
+        site = f"{filename}:{lineno}"
+        if site not in self.canary:
+            stack = "".join(traceback.format_stack(limit=12)[:-1])
+            logging.getLogger("kv_canary_sync_check").warning(
+                f"KV canary sync check: canary code synchronized at {site}:\n{stack}"
+            )
+        self.canary[site] = self.canary.get(site, 0) + 1
+        return None
+
+    def count_forward(self) -> None:
+        self.forwards += 1
+        if self.forwards % SYNC_CHECK_EVERY == 0:
+            sites = ", ".join(f"{site} x{count}" for site, count in self.canary.items())
+            logging.getLogger("kv_canary_sync_check").warning(
+                f"KV canary sync check over {self.forwards} forwards: canary "
+                f"{sum(self.canary.values())}, elsewhere {self.elsewhere}"
+                + (f" ({sites})" if sites else "")
+            )
+
+
+def _install_sync_check() -> None:
+    check = _SyncCheck()
+    serving = _resolve("sglang.srt.kv_canary.runner.canary_runner", "CanaryRunner.on_serving_start")
+    forward = _resolve("sglang.srt.model_executor.model_runner", "ModelRunner.forward")
+    if serving is None or forward is None:  # not a process that serves
+        return
+    on_serving_start = getattr(*serving)
+    model_forward = getattr(*forward)
+
+    @functools.wraps(on_serving_start)
+    def start_then_check(*args, **kwargs):
+        result = on_serving_start(*args, **kwargs)
+        check.start()
+        return result
+
+    @functools.wraps(model_forward)
+    def counted(*args, **kwargs):
+        try:
+            return model_forward(*args, **kwargs)
+        finally:
+            check.count_forward()
+
+    setattr(serving[0], serving[1], start_then_check)
+    setattr(forward[0], forward[1], counted)
+
+
+def sync_check_enabled(value: str) -> bool:
+    """``KV_CANARY_SYNC_CHECK``: ``1`` on, ``0`` or empty off.
+
+    Raises:
+        ValueError: any other value, naming the variable and what is allowed.
+    """
+    if value not in ("", "0", "1"):
+        raise ValueError(f"KV_CANARY_SYNC_CHECK={value!r} is invalid; allowed: 1 (on), 0 or "
+                         "empty (off)")
+    return value == "1"
+
+
+if sync_check_enabled(os.environ.get("KV_CANARY_SYNC_CHECK", "")):
+    _install_sync_check()

@@ -6,7 +6,8 @@ missing or unknown name refused) and the type classes of scalar arguments. CUDA:
 launches write exactly what the normal launch writes over changing sizes, offsets, strides and
 dtypes, for a kernel that specializes on nothing and for one that specializes on alignment and
 values (one kept variant per launch key, exactly as many as Triton compiled); the key cap; and a
-launch hook (a profiler's) sends every launch through the normal path.
+launch hook (a profiler's) sends every launch through the normal path; a launcher with a bound
+tail (``with_tail``) writes what the normal launch writes, keyed on its leading arguments.
 """
 
 import sys
@@ -49,6 +50,16 @@ def _specializing_kernel(src_ptr, dst_ptr, n, stride, offset, SCALE: tl.constexp
     tl.store(dst_ptr + index, value * SCALE + offset, mask=valid)
 
 
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["src_ptr"])
+def _bound_tail_kernel(src_ptr, dst_ptr, n, stride, offset, SCALE: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """_specializing_kernel again: its own compiled variants, counted by one test."""
+    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = index < n
+    value = tl.load(src_ptr + index * stride, mask=valid, other=0)
+    tl.store(dst_ptr + index, value * SCALE + offset, mask=valid)
+
+
 @triton.jit
 def _annotated_kernel(dst_ptr, n: tl.int32, BLOCK: tl.constexpr):
     index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -74,6 +85,17 @@ def test_trailing_parameters_go_by_name() -> None:
         launcher._with_named(args, {"SCALE": 2, "SIZE": 128})
     with pytest.raises(TypeError, match=r"missing \['offset'\]"):
         launcher._with_named(args[:4], {"SCALE": 2, "BLOCK": 128})
+
+
+def test_a_bound_tail_takes_the_leading_arguments_only() -> None:
+    launcher = DirectLauncher(_affine_kernel, num_warps=1)
+    bound = launcher.with_tail((0, 2, 128))  # offset, SCALE, BLOCK
+    with pytest.raises(TypeError, match="with a bound tail takes 4 leading arguments, got 5"):
+        bound((1,), "src", "dst", 8, 1, 0)
+    with pytest.raises(ValueError, match="takes 7 arguments; a tail of 8 does not fit"):
+        launcher.with_tail((0,) * 8)
+    with pytest.raises(TypeError, match="_affine_kernel takes 7 arguments, got 6"):
+        launcher((1,), "src", "dst", 8, 1, 0, 2)
 
 
 def test_grid_sizes_divide_as_triton_does() -> None:
@@ -166,6 +188,30 @@ def test_a_specializing_kernel_gets_one_variant_per_launch_key() -> None:
     # every launch key kept once; Triton compiled one variant per distinct specialization, and
     # the launcher's keys are exactly Triton's (neither finer nor coarser)
     assert launcher.variants == len(cases) == _compiled_variants(_specializing_kernel)
+
+
+@pytest.mark.gpu
+def test_a_bound_tail_launches_what_the_normal_launch_writes() -> None:
+    """The tail (offset, SCALE, BLOCK) is bound once per launcher; the head's specializations
+    (dst alignment, stride) are keyed: one kept variant per head key and tail."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    launcher = DirectLauncher(_bound_tail_kernel, num_warps=4)
+    buffer = torch.arange(4096, dtype=torch.int64, device="cuda") * 3 - 7
+    out = torch.full((4096,), -99, dtype=torch.int64, device="cuda")
+    tails = {offset: launcher.with_tail((offset, 2, 128)) for offset in (5, 16)}
+    cases = [(0, 5, 1), (1, 300, 1), (0, 17, 16), (1, 33, 3)]  # dst start, n, stride
+    for _ in range(2):  # the second pass launches every key directly
+        for offset, bound in tails.items():
+            for start, n, stride in cases:
+                out.fill_(-99)
+                dst = out[start:]
+                bound((triton.cdiv(n, 128),), buffer, dst, n, stride)
+                torch.cuda.synchronize()
+                assert dst[:n].tolist() == _reference(buffer, n=n, stride=stride, offset=offset,
+                                                      scale=2), (offset, start, n, stride)
+                assert dst[n:n + 4].tolist() == [-99] * min(4, dst.shape[0] - n)
+    assert launcher.variants == len(tails) * len(cases) == _compiled_variants(_bound_tail_kernel)
 
 
 @pytest.mark.gpu

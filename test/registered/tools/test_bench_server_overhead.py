@@ -146,6 +146,48 @@ def test_eagle_steps_serve_every_configuration_with_an_eagle_draft(
     assert bench.MODELS["tiny"].server_args == model.server_args[: -10]
 
 
+def _load_sitecustomize(monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+
+    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")  # loaded without wrapping anything
+    monkeypatch.delenv("KV_CANARY_SYNC_CHECK", raising=False)
+    spec = importlib.util.spec_from_file_location(
+        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sync_check_counts_the_canary_lines_apart(caplog: pytest.LogCaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    site = _load_sitecustomize(monkeypatch)
+    assert [site.sync_check_enabled(v) for v in ("", "0", "1")] == [False, False, True]
+    for bad in ("yes", "2"):
+        with pytest.raises(ValueError, match=f"KV_CANARY_SYNC_CHECK='{bad}' is invalid"):
+            site.sync_check_enabled(bad)
+    check = site._SyncCheck()
+    shown = []
+    check._show = lambda *args: shown.append(args)
+    sync = UserWarning("called a synchronizing CUDA operation")
+    canary_file = "/site/sglang/srt/kv_canary/runner/canary_runner.py"
+    with caplog.at_level("WARNING"):
+        check._on_warning(sync, UserWarning, canary_file, 10)
+        check._on_warning(sync, UserWarning, canary_file, 10)
+        check._on_warning(sync, UserWarning, "/site/sglang/srt/managers/scheduler.py", 5)
+        check._on_warning(UserWarning("other"), UserWarning, canary_file, 11)
+    assert check.canary == {f"{canary_file}:10": 2} and check.elsewhere == 1
+    assert len(shown) == 1  # another warning is shown as before
+    (first,) = [r.getMessage() for r in caplog.records]  # a canary line is logged once
+    assert first.startswith(f"KV canary sync check: canary code synchronized at {canary_file}:10")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        for _ in range(site.SYNC_CHECK_EVERY):
+            check.count_forward()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (f"KV canary sync check over {site.SYNC_CHECK_EVERY} forwards: canary 2, "
+                    f"elsewhere 1 ({canary_file}:10 x2)")
+
+
 def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptureFixture,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
@@ -234,6 +276,17 @@ def test_the_timing_sitecustomize_splits_hooks_by_forward_mode(
     assert means["CanaryRunner.on_init_new[DECODE]"] < 1000
     assert 1000 < means["CanaryRunner.on_init_new"] < means["CanaryRunner.on_init_new[EXTEND]"]
     assert "CanaryRunner.on_init_new[EXTEND] " in line and "x0.33" in line
+    # a batch given as the first argument after self (Scheduler.run_batch) is split too
+    caplog.clear()
+    run_batch = timers._wrap("Scheduler.run_batch",
+                             lambda scheduler, batch: time.sleep(batch.sleep_s))
+    with caplog.at_level("WARNING"):
+        for batch in (extend, decode, decode):
+            run_batch(object(), batch)
+            forward()
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert table.timer_mean_us(line, "Scheduler.run_batch[EXTEND]") >= 4000
+    assert table.timer_mean_us(line, "Scheduler.run_batch[DECODE]") < 1000
 
 
 def test_the_timing_sitecustomize_leaves_out_what_the_installed_code_lacks(

@@ -81,7 +81,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
-from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, ceil_div
+from sglang.jit_kernel.kv_canary.direct_launch import DirectLauncher, TailLauncher, ceil_div
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     BatchLayout,
     CanaryBatchView,
@@ -526,6 +526,7 @@ _BATCH_POINTERS = [
     do_not_specialize_on_alignment=_BATCH_POINTERS,
 )
 def _canary_forward_kernel(
+    # ---- per launch: the batch (its tensors, sizes, token history) and its check flags
     req_pool_indices_ptr,
     seq_lens_ptr,
     extend_prefix_lens_ptr,
@@ -544,6 +545,15 @@ def _canary_forward_kernel(
     history_cols,
     history_stride,
     history_lens_ptr,
+    num_programs,
+    LAYOUT: tl.constexpr,
+    VERIFY_TOKEN: tl.constexpr,
+    HAS_HISTORY: tl.constexpr,
+    HAS_EXPECTED_INPUT_IDS: tl.constexpr,
+    HAS_EXPECTED_POSITIONS: tl.constexpr,
+    HAS_HOST_SEQ_LENS: tl.constexpr,
+    # ---- fixed per device state and phase (the launcher's bound tail: _bound_launch)
+    PHASE: tl.constexpr,
     records_ptr,
     num_slots,
     req_to_token_ptr,
@@ -566,14 +576,6 @@ def _canary_forward_kernel(
     src3_ptr,
     src3_rows,
     src3_stride,
-    num_programs,
-    PHASE: tl.constexpr,
-    LAYOUT: tl.constexpr,
-    VERIFY_TOKEN: tl.constexpr,
-    HAS_HISTORY: tl.constexpr,
-    HAS_EXPECTED_INPUT_IDS: tl.constexpr,
-    HAS_EXPECTED_POSITIONS: tl.constexpr,
-    HAS_HOST_SEQ_LENS: tl.constexpr,
     NUM_SOURCES: tl.constexpr,
     PARTIAL: tl.constexpr,
     WORDS0: tl.constexpr,
@@ -785,8 +787,28 @@ TILES = Tiles()
 NUM_WARPS = 4
 
 
-def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKind) -> None:
-    check_same_device(state=state, device=batch.device, what="CanaryBatchView")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _BoundLaunch:
+    """The launch of one phase on one device state: the kernel's launcher with the state's
+    arguments and the per-pool constexprs bound (:meth:`DirectLauncher.with_tail`), and the
+    verify tile they imply."""
+
+    state: CanaryDeviceState  # held: the bound tail's tensors are its own
+    launch: TailLauncher
+    verify_tile: int
+
+
+# (id(state), phase) -> its bound launch; a few entries (a server has one state, two with
+# EAGLE, and two phases), the oldest dropped beyond _MAX_BOUND
+_BOUND: dict[tuple[int, int], _BoundLaunch] = {}
+_MAX_BOUND = 8
+
+
+def _bound_launch(state: CanaryDeviceState, phase: CheckKind) -> _BoundLaunch:
+    """The bound launch of ``phase`` on ``state``, made at its first use."""
+    bound = _BOUND.get((id(state), int(phase)))
+    if bound is not None and bound.state is state:
+        return bound
     require_cuda_or_interpreter(
         device=state.device, kernel_interpreted=_INTERPRETED,
         who_needs="the canary Triton kernels need",
@@ -804,33 +826,8 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         verify_tile = min(
             verify_tile, max(tiles.min_verify_tile, tiles.tile_elements // real["WORD_CHUNK"])
         )
-    num_programs = _num_programs(state=state, batch=batch, verify_tile=verify_tile, tiles=tiles)
-    history = batch.token_history
-    history_args = (
-        (batch.req_pool_indices, 0, 0, 0, batch.req_pool_indices)
-        if history is None
-        else (history, history.shape[0], history.shape[1], history.stride(0),
-              batch.token_history_lens)
-    )
-    placeholder = batch.req_pool_indices  # never read where its constexpr flag is off
-    # the launch that checks the written tokens' inputs (and so reads the expectations)
-    checks_inputs = (phase is CheckKind.PRE_VERIFY) == (batch.layout is BatchLayout.DECODE)
-    _LAUNCH(
-        (num_programs,),
-        batch.req_pool_indices,
-        batch.seq_lens,
-        _or(batch.extend_prefix_lens, placeholder),
-        _or(batch.extend_seq_lens, placeholder),
-        _or(batch.extend_start_loc, placeholder),
-        _or(batch.host_seq_lens, placeholder),
-        batch.input_ids,
-        batch.positions,
-        batch.out_cache_loc,
-        _or(batch.expected_input_ids, placeholder),
-        _or(batch.expected_positions, placeholder),
-        batch.batch_size,
-        batch.num_tokens,
-        *history_args,
+    tail = (
+        int(phase),
         state.records,
         state.num_slots,
         state.req_to_token,
@@ -841,21 +838,59 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         state.counters,
         state.owner_chains,
         *real_data_args(real_data, placeholder=state.records),
+        real["NUM_SOURCES"], real["PARTIAL"], real["WORDS0"], real["WORDS1"], real["WORDS2"],
+        real["WORDS3"], real["WORD_CHUNK"],
+        1 if real_data is None else real_data.verify_stride,
+        tiles.row_block,
+        verify_tile,
+        tiles.write_tile,
+        tiles.decode_write_rows,
+        tiles.scan_block,
+    )
+    bound = _BoundLaunch(state=state, launch=_LAUNCH.with_tail(tail), verify_tile=verify_tile)
+    if len(_BOUND) >= _MAX_BOUND:
+        del _BOUND[next(iter(_BOUND))]
+    _BOUND[(id(state), int(phase))] = bound
+    return bound
+
+
+def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKind) -> None:
+    check_same_device(state=state, device=batch.device, what="CanaryBatchView")
+    bound = _bound_launch(state, phase)
+    num_programs = _num_programs(state=state, batch=batch, verify_tile=bound.verify_tile,
+                                 tiles=TILES)
+    history = batch.token_history
+    placeholder = batch.req_pool_indices  # never read where its constexpr flag is off
+    # the launch that checks the written tokens' inputs (and so reads the expectations)
+    checks_inputs = (phase is CheckKind.PRE_VERIFY) == (batch.layout is BatchLayout.DECODE)
+    expected_input_ids = batch.expected_input_ids
+    expected_positions = batch.expected_positions
+    host_seq_lens = batch.host_seq_lens
+    bound.launch(
+        (num_programs,),
+        batch.req_pool_indices,
+        batch.seq_lens,
+        _or(batch.extend_prefix_lens, placeholder),
+        _or(batch.extend_seq_lens, placeholder),
+        _or(batch.extend_start_loc, placeholder),
+        _or(host_seq_lens, placeholder),
+        batch.input_ids,
+        batch.positions,
+        batch.out_cache_loc,
+        _or(expected_input_ids, placeholder),
+        _or(expected_positions, placeholder),
+        batch.batch_size,
+        batch.num_tokens,
+        *((placeholder, 0, 0, 0, placeholder) if history is None
+          else (history, history.shape[0], history.shape[1], history.stride(0),
+                batch.token_history_lens)),
         num_programs,
-        PHASE=int(phase),
-        LAYOUT=int(batch.layout),
-        VERIFY_TOKEN=batch.verifies_tokens,
-        HAS_HISTORY=history is not None,
-        HAS_EXPECTED_INPUT_IDS=checks_inputs and batch.expected_input_ids is not None,
-        HAS_EXPECTED_POSITIONS=checks_inputs and batch.expected_positions is not None,
-        HAS_HOST_SEQ_LENS=phase is CheckKind.PRE_VERIFY and batch.host_seq_lens is not None,
-        **real,
-        REAL_DATA_STRIDE=1 if real_data is None else real_data.verify_stride,
-        ROW_BLOCK=tiles.row_block,
-        VERIFY_TILE=verify_tile,
-        WRITE_TILE=tiles.write_tile,
-        DECODE_WRITE_ROWS=tiles.decode_write_rows,
-        SCAN_BLOCK=tiles.scan_block,
+        int(batch.layout),
+        batch.verifies_tokens,
+        history is not None,
+        checks_inputs and expected_input_ids is not None,
+        checks_inputs and expected_positions is not None,
+        phase is CheckKind.PRE_VERIFY and host_seq_lens is not None,
     )
 
 

@@ -29,6 +29,11 @@ own: a Triton other than :data:`SUPPORTED_TRITON` (the launcher's calling conven
 binder's rule are internal to Triton), an interpreted kernel (``TRITON_INTERPRET=1``), or while
 a launch hook is installed (profilers: the hook then sees every launch).
 
+:meth:`DirectLauncher.with_tail` binds the trailing parameters once (a launch whose last
+arguments never change: the canary's device state, its constexprs): each call then passes only
+the leading arguments, and only those enter the key (the bound tail's part of Triton's key is the
+same for every call).
+
 Graph safety: the same launch as ``kernel[grid](...)``, on the current stream of the current
 device; nothing allocated, no host sync.
 """
@@ -104,6 +109,7 @@ class DirectLauncher:
         )
         self._backends: dict[int, Any] = {}  # per device: the backend Triton's binder uses
         self._variants: dict[tuple[Any, ...], Any] = {}
+        self._tails: list[TailLauncher] = []  # made by with_tail (their variants count here)
 
     @staticmethod
     def _interpreted(kernel: Any) -> bool:
@@ -112,8 +118,19 @@ class DirectLauncher:
     @property
     def variants(self) -> int:
         """Launch keys launched directly so far (one per device and key, see the module
-        docstring)."""
-        return len(self._variants)
+        docstring), those of its :meth:`with_tail` launchers included."""
+        return len(self._variants) + sum(len(tail._variants) for tail in self._tails)
+
+    def with_tail(self, tail: Sequence[Any]) -> TailLauncher:
+        """A launcher of this kernel whose last ``len(tail)`` parameters are always ``tail``
+        (positionally, constexprs included). Its calls take the leading parameters only, and
+        only they are keyed: keep the tail's tensors themselves unchanged (the same storage; a
+        tensor's alignment is part of Triton's key).
+
+        Raises:
+            ValueError: the tail is longer than the kernel's parameters.
+        """
+        return TailLauncher(parent=self, tail=tuple(tail))
 
     def __call__(self, grid: Sequence[int], *args: Any, **named: Any) -> None:
         """Launch over ``grid`` (1 to 3 ints) with every parameter, constexprs included, in the
@@ -125,6 +142,19 @@ class DirectLauncher:
         """
         if named:
             args = self._with_named(args, named)
+        if len(args) != len(self._names):
+            raise TypeError(
+                f"{self._kernel.fn.__name__} takes {len(self._names)} arguments, "
+                f"got {len(args)}"
+            )
+        self._launch(grid, args, args, self._parts, self._variants)
+
+    def _launch(self, grid: Sequence[int], args: tuple[Any, ...], keyed: tuple[Any, ...],
+                parts: tuple[tuple[int, bool, bool], ...],
+                variants: dict[tuple[Any, ...], Any]) -> None:
+        """Launch ``args`` (every parameter) over ``grid``: directly when ``variants`` holds the
+        variant of the key of ``keyed`` (the leading arguments that ``parts`` describe), else
+        through the normal call (keeping its variant)."""
         if not self._direct:
             self._kernel[tuple(grid)](*args, num_warps=self._num_warps)
             return
@@ -132,14 +162,14 @@ class DirectLauncher:
         # loaded per device)
         device = _driver.active.get_current_device()
         backend = self._backends.get(device)
-        key = None if backend is None else self._key(device, backend, args)
-        compiled = None if key is None else self._variants.get(key)
+        key = None if backend is None else _launch_key(device, backend, keyed, parts)
+        compiled = None if key is None else variants.get(key)
         if compiled is None or _launch_hooks_installed():
             compiled = self._kernel[tuple(grid)](*args, num_warps=self._num_warps)
             if backend is None:
                 self._backends[device] = self._kernel.device_caches[device][3]
-            elif len(self._variants) < MAX_VARIANTS:
-                self._variants.setdefault(key, compiled)
+            elif len(variants) < MAX_VARIANTS:
+                variants.setdefault(key, compiled)
             return
         stream = _driver.active.get_current_stream(device)
         grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
@@ -161,24 +191,59 @@ class DirectLauncher:
         return (*args, *(named[name] for name in rest))
 
     def _key(self, device: int, backend: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The launch key of ``args`` (see the module docstring). One pass over the arguments
-        with Triton's binder called directly: this runs before every eager launch."""
-        if len(args) != len(self._parts):
-            raise TypeError(
-                f"{self._kernel.fn.__name__} takes {len(self._parts)} arguments, "
-                f"got {len(args)}"
+        """The launch key of ``args``, every parameter (see the module docstring)."""
+        return _launch_key(device, backend, args, self._parts)
+
+
+class TailLauncher:
+    """:meth:`DirectLauncher.with_tail`: launches of one kernel whose trailing arguments are
+    fixed. Call it with the leading arguments only, positionally."""
+
+    def __init__(self, *, parent: DirectLauncher, tail: tuple[Any, ...]) -> None:
+        head = len(parent._names) - len(tail)
+        if head < 0:
+            raise ValueError(
+                f"{parent._kernel.fn.__name__} takes {len(parent._names)} arguments; a tail of "
+                f"{len(tail)} does not fit"
             )
-        specialize = _native_specialize_impl
-        key: list[Any] = [device]
-        append = key.append
-        for arg, (part, is_const, align) in zip(args, self._parts):
-            if part == _SPECIALIZATION:
-                append(specialize(backend, arg, is_const, True, align))
-            elif part == _VALUE:
-                append(arg)
-            else:
-                append(arg.dtype if isinstance(arg, torch.Tensor) else _int_type(arg))
-        return tuple(key)
+        self._parent = parent
+        self._tail = tail
+        self._head = head
+        self._head_parts = parent._parts[:head]  # empty for an interpreted kernel (not keyed)
+        self._variants: dict[tuple[Any, ...], Any] = {}
+        parent._tails.append(self)
+
+    def __call__(self, grid: Sequence[int], *head: Any) -> None:
+        """Launch over ``grid`` with ``head`` (the leading parameters) and the bound tail.
+
+        Raises:
+            TypeError: ``head`` is not as long as the parameters before the tail.
+        """
+        if len(head) != self._head:
+            raise TypeError(
+                f"{self._parent._kernel.fn.__name__} with a bound tail takes "
+                f"{self._head} leading arguments, got {len(head)}"
+            )
+        self._parent._launch(grid, (*head, *self._tail), head, self._head_parts,
+                             self._variants)
+
+
+def _launch_key(device: int, backend: Any, args: tuple[Any, ...],
+                parts: tuple[tuple[int, bool, bool], ...]) -> tuple[Any, ...]:
+    """The launch key of ``args`` described by ``parts`` (see the module docstring). One pass
+    over the arguments with Triton's binder called directly: this runs before every eager
+    launch."""
+    specialize = _native_specialize_impl
+    key: list[Any] = [device]
+    append = key.append
+    for arg, (part, is_const, align) in zip(args, parts):
+        if part == _SPECIALIZATION:
+            append(specialize(backend, arg, is_const, True, align))
+        elif part == _VALUE:
+            append(arg)
+        else:
+            append(arg.dtype if isinstance(arg, torch.Tensor) else _int_type(arg))
+    return tuple(key)
 
 
 def _launch_hooks_installed() -> bool:
