@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
@@ -38,6 +39,28 @@ def concurrent_traffic(server, *, rounds: int, seed: int = 5, per_round: int = 8
         payloads = [request(f"p{round_index}-{i}", tokens(rng, rng.randrange(20, 200)),
                             new_tokens) for i in range(per_round)]
         server.generate_many(payloads, concurrency=per_round)
+
+
+def log_when(server, done: Callable[[str], bool], *, timeout_s: float = 20.0) -> str:
+    """The server log as soon as ``done(log)`` holds, else after ``timeout_s`` (for the caller's
+    assertion to show what is missing). A forward's violations are reported at the scheduler's
+    next poll, which can come after the response to the request that ran that forward: a log
+    read right after the last request can lack its last forward's rows."""
+    deadline = time.monotonic() + timeout_s
+    log = server.log_text()
+    while not done(log) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        log = server.log_text()
+    return log
+
+
+def every_fault_reported(log: str, *, max_delay: int = 0) -> bool:
+    """Whether every injected fault of ``log`` has a violation row at its position, from its
+    step (or the step before) to ``max_delay`` steps later (:func:`assert_every_fault_caught`'s
+    rule, any reason): a predicate for :func:`log_when`."""
+    faults, rows = faults_and_rows(log)
+    return all(any(int(f["step"]) - 1 <= r.step <= int(f["step"]) + max_delay
+                   and r.position == int(f["position"]) for r in rows) for f in faults)
 
 
 def faults_and_rows(log: str) -> tuple[list[re.Match[str]], list[ViolationRow]]:

@@ -27,6 +27,8 @@ from _workloads import (
     assert_every_fault_caught,
     concurrent_traffic,
     faults_and_rows,
+    every_fault_reported,
+    log_when,
     request,
     tokens,
 )
@@ -160,7 +162,7 @@ def test_req_to_token_fault_is_logged_and_serving_goes_on(canary_server) -> None
                                     for i in range(4)], concurrency=4)
     assert all(o["meta_info"]["completion_tokens"] == 16 for o in outputs)
     assert server.returncode is None
-    faults, rows = _faults_and_rows(server.log_text())
+    faults, rows = _faults_and_rows(log_when(server, every_fault_reported))
     assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_POSITION,
                               allowed=_POSITION_CHAIN_OR_OWNER)
 
@@ -190,7 +192,7 @@ def test_real_kv_used_fault_is_caught_by_the_real_data_check(canary_server) -> N
     server = canary_server(env=env, args=_GRAPH_ARGS)
     _perturbation_traffic(server, rounds=6)
     server.generate(_request("last", _tokens(random.Random(1), 30), 8))
-    faults, rows = _faults_and_rows(server.log_text())
+    faults, rows = _faults_and_rows(log_when(server, every_fault_reported))
     assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_REAL_KV,
                               allowed=int(Reason.VERIFY_REAL_KV))
 
@@ -209,7 +211,15 @@ def test_a_real_data_stride_catches_the_faults_at_positions_due_in_their_forward
     server = canary_server(env=env, args=_GRAPH_ARGS)
     _perturbation_traffic(server, rounds=6)
     server.generate(_request("last", _tokens(random.Random(1), 30), 8))
-    log = server.log_text()
+
+    def due_faults_reported(log: str) -> bool:
+        faults, rows = _faults_and_rows(log)
+        reported = {(r.step, r.position) for r in rows}
+        return all((int(f["step"]), int(f["position"])) in reported for f in faults
+                   if (int(f["position"]) + int(f["step"])) % stride == 0)
+
+    # (the "last" request's own faults are reported at the poll after its response)
+    log = log_when(server, due_faults_reported)
     assert f"real_data_stride={stride}" in log
     faults, rows = _faults_and_rows(log)
     assert all(r.reasons == int(Reason.VERIFY_REAL_KV) for r in rows)

@@ -17,7 +17,9 @@ from _workloads import (
     assert_clean_canary_log,
     assert_every_fault_caught,
     concurrent_traffic,
+    every_fault_reported,
     faults_and_rows,
+    log_when,
     request,
     tokens,
 )
@@ -47,7 +49,7 @@ def test_a_foreign_but_consistent_prefix_is_caught_by_ownership_alone(canary_ser
     concurrent_traffic(server, rounds=6)
     server.generate(request("last", tokens(random.Random(1), 30), 8))
     assert server.returncode is None
-    faults, rows = faults_and_rows(server.log_text())
+    faults, rows = faults_and_rows(log_when(server, every_fault_reported))
     # The records the faulted forward wrote were chained from the foreign history: the next
     # forward may also see the chain break at the row's first new position.
     assert_every_fault_caught(
