@@ -43,7 +43,7 @@ import re
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from cpu_pinning import SCHEDULER_TITLE
@@ -179,9 +179,12 @@ def probe_by_second(lines: Iterable[str], *, key: str = "probe_us") -> dict[int,
 
 def gated_report(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
                  cpu_probe: Mapping[int, float], min_requests: int, fast_factor: float,
-                 cpu_memory_probe: Mapping[int, float] | None = None) -> list[str]:
+                 cpu_memory_probe: Mapping[int, float] | None = None,
+                 slow_cycle_ms: float | None = None) -> list[str]:
     """``--cpu-probe`` (module docstring): seconds judged by the scheduler's vCPU's speed (its
-    probe and, where sampled, its memory probe: a fast second is under both bounds)."""
+    probe and, where sampled, its memory probe: a fast second is under both bounds); with
+    ``slow_cycle_ms``, also that vCPU's probes in the seconds slow by their request cycle
+    against the others."""
     if len(cpu_probe) < 2:
         return ["--cpu-probe: fewer than two seconds with a probe"]
 
@@ -219,7 +222,33 @@ def gated_report(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
     for config, fast in by_config.items():
         lines.append(f"{config} ({servers[config]} server{'s' if servers[config] > 1 else ''}): "
                      f"median cycle {median(fast)} over its {len(fast)} fast seconds")
+    if slow_cycle_ms is not None:
+        lines += _probes_by_cycle_class(logs=logs, cpu_probe=cpu_probe, memory=memory,
+                                        min_requests=min_requests, slow_cycle_ms=slow_cycle_ms)
     return lines
+
+
+def _probes_by_cycle_class(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
+                           cpu_probe: Mapping[int, float], memory: Mapping[int, float],
+                           min_requests: int, slow_cycle_ms: float) -> list[str]:
+    """The scheduler's vCPU's probes (medians) in the seconds slow by their request cycle and in
+    the others, over every log: does a slow second go with a slow vCPU?"""
+    probes: dict[str, tuple[list[float], list[float]]] = {"slow": ([], []), "other": ([], [])}
+    for (_, second), cycle in _second_medians(logs=logs, seconds=cpu_probe,
+                                              min_requests=min_requests).items():
+        clock, chase = probes["slow" if cycle > slow_cycle_ms else "other"]
+        clock.append(cpu_probe[second])
+        if second in memory:
+            chase.append(memory[second])
+
+    def described(values: list[float]) -> str:
+        return f"{statistics.median(values):.0f} µs" if values else "-"
+
+    where = {"slow": f"seconds slow by request cycle (over {slow_cycle_ms:.1f} ms)",
+             "other": "other seconds"}
+    return [f"the scheduler's CPU in the {where[label]}: {len(clock)} seconds, probe median "
+            f"{described(clock)}, memory probe median {described(chase)}"
+            for label, (clock, chase) in probes.items()]
 
 
 def cycles_by_second(lines: Iterable[str], *, new_tokens: int) -> dict[int, list[float]]:
@@ -236,12 +265,27 @@ def cycles_by_second(lines: Iterable[str], *, new_tokens: int) -> dict[int, list
     return found
 
 
+def _second_medians(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
+                    seconds: Collection[int], min_requests: int) -> dict[tuple[str, int], float]:
+    """The median request cycle of every (log, second) judged: enough prefills, a sample."""
+    return {(name, second): statistics.median(cycles) for name, by_second in logs
+            for second, cycles in by_second.items()
+            if len(cycles) >= min_requests and second in seconds}
+
+
+def slow_cycle_bound(*, logs: Sequence[tuple[str, dict[int, list[float]]]],
+                     seconds: Collection[int], min_requests: int,
+                     slow_factor: float) -> float | None:
+    """The median cycle over which a second is slow: ``slow_factor`` x the run's fastest second
+    (None: no second judged)."""
+    medians = _second_medians(logs=logs, seconds=seconds, min_requests=min_requests)
+    return slow_factor * min(medians.values()) if medians else None
+
+
 def report(*, logs: Sequence[tuple[str, dict[int, list[float]]]], seconds: Mapping[int, Second],
            min_requests: int, slow_factor: float) -> list[str]:
     """The printed lines: per log its slow and fast seconds, then both classes over the run."""
-    medians = {(name, second): statistics.median(cycles) for name, by_second in logs
-               for second, cycles in by_second.items()
-               if len(cycles) >= min_requests and second in seconds}
+    medians = _second_medians(logs=logs, seconds=seconds, min_requests=min_requests)
     if not medians:
         return ["no second with enough prefills and a sample"]
     bound = slow_factor * min(medians.values())
@@ -329,10 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line)
     if options.cpu_probe is not None:
         cpu_lines = list(_open_text(options.cpu_probe))
+        slow_cycle_ms = slow_cycle_bound(logs=logs, seconds=seconds,
+                                         min_requests=options.min_requests,
+                                         slow_factor=options.slow_factor)
         for line in gated_report(logs=logs, cpu_probe=probe_by_second(cpu_lines),
                                  cpu_memory_probe=probe_by_second(cpu_lines, key="probe_mem_us"),
                                  min_requests=options.min_requests,
-                                 fast_factor=options.fast_factor):
+                                 fast_factor=options.fast_factor, slow_cycle_ms=slow_cycle_ms):
             print(line)
     return 0
 

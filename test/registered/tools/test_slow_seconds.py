@@ -155,6 +155,14 @@ def test_a_cpu_probe_judges_the_seconds_by_the_schedulers_vcpu(
     assert slow_seconds.main([str(logs), "--samples", str(samples),
                               "--cpu-probe", str(cpu_probe)]) == 0
     out = capsys.readouterr().out.splitlines()
+    # the vCPU's probes in the seconds slow by their request cycle (canary's second 3) and not
+    assert out[-2:] == [
+        "the scheduler's CPU in the seconds slow by request cycle (over 39.0 ms): 1 seconds, "
+        "probe median 2000 µs, memory probe median -",
+        "the scheduler's CPU in the other seconds: 3 seconds, probe median 1000 µs, memory "
+        "probe median -",
+    ]
+    out = out[:-2]
     assert out[-5:] == [
         "the scheduler's CPU (--cpu-probe): a second is fast when its probe is under 1150 µs "
         "(1.15 x its p10 over the run)",
@@ -173,6 +181,8 @@ def test_a_cpu_probe_judges_the_seconds_by_the_schedulers_vcpu(
     assert slow_seconds.main([str(logs), "--samples", str(samples),
                               "--cpu-probe", str(cpu_probe)]) == 0
     out = capsys.readouterr().out.splitlines()
+    assert out[-1].endswith("probe median 1000 µs, memory probe median 300 µs")
+    out = out[:-2]
     assert out[-5] == ("the scheduler's CPU (--cpu-probe): a second is fast when its probe is "
                        "under 1150 µs and its memory probe under 345 µs (1.15 x their p10 over "
                        "the run)")
