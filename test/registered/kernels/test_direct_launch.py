@@ -10,6 +10,7 @@ launch hook (a profiler's) sends every launch through the normal path; a launche
 tail (``with_tail``) writes what the normal launch writes, keyed on its leading arguments.
 """
 
+import gc
 import sys
 
 import pytest
@@ -96,6 +97,12 @@ def test_a_bound_tail_takes_the_leading_arguments_only() -> None:
         launcher.with_tail((0,) * 8)
     with pytest.raises(TypeError, match="_affine_kernel takes 7 arguments, got 6"):
         launcher((1,), "src", "dst", 8, 1, 0, 2)
+    # the launcher counts a tail's variants while the tail lives, and does not keep it (a tail
+    # holds a device state's tensors)
+    assert list(launcher._tails) == [bound]
+    del bound
+    gc.collect()
+    assert list(launcher._tails) == []
 
 
 def test_grid_sizes_divide_as_triton_does() -> None:

@@ -41,6 +41,7 @@ device; nothing allocated, no host sync.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,7 +110,8 @@ class DirectLauncher:
         )
         self._backends: dict[int, Any] = {}  # per device: the backend Triton's binder uses
         self._variants: dict[tuple[Any, ...], Any] = {}
-        self._tails: list[TailLauncher] = []  # made by with_tail (their variants count here)
+        # made by with_tail, while they live (their variants count here; a tail holds tensors)
+        self._tails: weakref.WeakSet[TailLauncher] = weakref.WeakSet()
 
     @staticmethod
     def _interpreted(kernel: Any) -> bool:
@@ -190,10 +192,6 @@ class DirectLauncher:
             )
         return (*args, *(named[name] for name in rest))
 
-    def _key(self, device: int, backend: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The launch key of ``args``, every parameter (see the module docstring)."""
-        return _launch_key(device, backend, args, self._parts)
-
 
 class TailLauncher:
     """:meth:`DirectLauncher.with_tail`: launches of one kernel whose trailing arguments are
@@ -211,7 +209,7 @@ class TailLauncher:
         self._head = head
         self._head_parts = parent._parts[:head]  # empty for an interpreted kernel (not keyed)
         self._variants: dict[tuple[Any, ...], Any] = {}
-        parent._tails.append(self)
+        parent._tails.add(self)
 
     def __call__(self, grid: Sequence[int], *head: Any) -> None:
         """Launch over ``grid`` with ``head`` (the leading parameters) and the bound tail.
