@@ -1051,6 +1051,7 @@ class BenchOptions:
     pin_scheduler: bool = False
     warm_start: bool = False
     together: tuple[str, ...] = ()  # models whose servers run at once (measure_together)
+    max_total_tokens: int = 0  # every server's KV pool cap (0: MAX_TOTAL_TOKENS)
     repeats_by_model: tuple[tuple[str, int], ...] = ()  # (model, rounds) named in --repeats
 
     def repeats_for(self, model: str) -> int:
@@ -1154,6 +1155,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
                              "are measured interleaved: per workload one round of each server "
                              "before the next round of any; for models whose servers fit the "
                              "GPU together, such as tiny (default: none)")
+    parser.add_argument("--max-total-tokens", type=int, default=0, metavar="N",
+                        help="every server's --max-total-tokens (its KV pool cap) instead of "
+                             f"{MAX_TOTAL_TOKENS}: a small pool lets 8B servers fit one GPU "
+                             "together (--together 8b) for the short workloads; a workload "
+                             "that does not fit a server's pool is reported as skipped "
+                             "(default 0: the full pool)")
     parser.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=False,
                         help="before the measured servers of each model, start a throwaway "
                              "server of the first configuration and run each workload's warm-up "
@@ -1168,6 +1175,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
     if namespace.host_timers < 0:
         parser.error(f"--host-timers={namespace.host_timers} is invalid; allowed: an integer "
                      ">= 0 (0: off)")
+    if namespace.max_total_tokens < 0:
+        parser.error(f"--max-total-tokens={namespace.max_total_tokens} is invalid; allowed: an "
+                     "integer >= 1 (0: the full pool)")
     repeats, repeats_by_model = _repeats(parser, namespace.repeats)
     if not namespace.time_budget_s > 0:
         parser.error(f"--time-budget-s={namespace.time_budget_s} is invalid; allowed: > 0")
@@ -1185,6 +1195,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
         warm_start=namespace.warm_start,
         together=_names(parser, option="--together", text=namespace.together,
                         allowed=list(MODELS)) if namespace.together else (),
+        max_total_tokens=namespace.max_total_tokens,
     )
 
 
@@ -1281,6 +1292,15 @@ def cpu_report(result: ConfigResult) -> list[str]:
             for name, measured in result.workloads.items() if measured.cpu is not None]
 
 
+def with_pool(model: ModelShape, *, max_total_tokens: int) -> ModelShape:
+    """``model`` whose servers cap their KV pool at ``max_total_tokens`` (its
+    ``--max-total-tokens`` replaced)."""
+    args = list(model.server_args)
+    index = args.index("--max-total-tokens")
+    args[index + 1] = str(max_total_tokens)
+    return dataclasses.replace(model, server_args=tuple(args))
+
+
 def with_eagle(model: ModelShape, *, draft_dir: pathlib.Path, steps: int) -> ModelShape:
     """``model`` served with EAGLE (spec v2, topk 1, ``steps`` draft steps) from ``draft_dir``."""
     return dataclasses.replace(model, server_args=(
@@ -1310,6 +1330,14 @@ def _jsonable(value: object) -> object:
     return value
 
 
+def _served(name: str, options: BenchOptions) -> ModelShape:
+    """The model ``name`` as the run serves it (``--max-total-tokens``; EAGLE's draft flags are
+    in each server's command line)."""
+    model = MODELS[name]
+    return (with_pool(model, max_total_tokens=options.max_total_tokens)
+            if options.max_total_tokens else model)
+
+
 def report_json(*, options: BenchOptions,
                 results: Mapping[str, Sequence[ConfigResult]]) -> dict[str, object]:
     """Every number of the run so far (raw rounds, medians, ratios, noise, verdicts), the
@@ -1326,7 +1354,7 @@ def report_json(*, options: BenchOptions,
         "models": {
             name: {"shape": {**dataclasses.asdict(MODELS[name]),
                              "kv_bytes_per_token": MODELS[name].kv_bytes_per_token},
-                   "server_args": {config: list(sum(launch_args(model=MODELS[name],
+                   "server_args": {config: list(sum(launch_args(model=_served(name, options),
                                                                 config=CONFIGS[config]), ()))
                                    for config in options.configs},
                    "targets": [dataclasses.asdict(target) for target in MODELS[name].targets],
@@ -1366,7 +1394,7 @@ def main(argv: Sequence[str] | None = None, *, measure: MeasureConfig = measure_
     results: dict[str, list[ConfigResult]] = {}
     with tempfile.TemporaryDirectory(prefix="kv_canary_bench_models_") as models_root:
         for name in options.models:
-            model = MODELS[name]
+            model = _served(name, options)
             model_dir = make_model(model, directory=pathlib.Path(models_root) / name)
             if options.eagle_steps:
                 draft_dir = make_tiny_eagle_draft(

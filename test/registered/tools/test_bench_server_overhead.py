@@ -131,6 +131,39 @@ def test_host_timers_load_the_timing_sitecustomize_in_every_server(
         "off: KV canary host timers over 2 forwards: a 2.0us x1.00"]
 
 
+def test_a_smaller_pool_caps_every_server_of_the_run(tmp_path: pathlib.Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-total-tokens N``: every server's pool flag is N (three 8B servers fit one GPU
+    together for the short workloads); the JSON records the flags the servers got."""
+    assert bench.parse_args([]).max_total_tokens == 0
+    assert bench.parse_args(["--max-total-tokens", "65536"]).max_total_tokens == 65536
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--max-total-tokens", "-1"])
+    assert ("--max-total-tokens=-1 is invalid; allowed: an integer >= 1 (0: the full pool)"
+            in capsys.readouterr().err)
+    model = bench.with_pool(bench.MODELS["8b"], max_total_tokens=65536)
+    flags = dict(zip(model.server_args[::2], model.server_args[1::2]))
+    assert flags["--max-total-tokens"] == "65536" and flags["--mem-fraction-static"] == "0.8"
+    assert len(model.server_args) == len(bench.MODELS["8b"].server_args)
+    served: list[tuple[str, ...]] = []
+
+    def together(*, model, plan, **_: object) -> list[table.ConfigResult]:
+        served.append(model.server_args)
+        return [table.ConfigResult(config=config.name, run=run, status=bench.MEASURED)
+                for config, run in plan]
+
+    out = tmp_path / "bench.json"
+    assert bench.main(["--models", "tiny", "--configs", "off,canary", "--workloads", "ttft1",
+                       "--together", "tiny", "--max-total-tokens", "4096", "--out", str(out),
+                       "--log-dir", str(tmp_path / "logs")], together=together) == 0
+    (args,) = served
+    assert dict(zip(args[::2], args[1::2]))["--max-total-tokens"] == "4096"
+    report = json.loads(out.read_text())
+    assert report["options"]["max_total_tokens"] == 4096
+    recorded = report["models"]["tiny"]["server_args"]["canary"]
+    assert recorded[recorded.index("--max-total-tokens") + 1] == "4096"
+
+
 def test_eagle_steps_serve_every_configuration_with_an_eagle_draft(
         tmp_path: pathlib.Path) -> None:
     assert bench.parse_args([]).eagle_steps == 0
