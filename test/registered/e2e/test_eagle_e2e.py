@@ -33,7 +33,9 @@ from _workloads import (
     assert_clean_canary_log,
     assert_every_fault_caught,
     concurrent_traffic,
+    every_fault_reported,
     faults_and_rows,
+    log_when,
     request,
     tokens,
 )
@@ -164,7 +166,7 @@ def test_req_to_token_fault_is_caught_with_eagle(canary_server, tiny_eagle_draft
     concurrent_traffic(server, rounds=6)
     server.generate(request("last", tokens(random.Random(1), 30), 8))
     assert server.returncode is None
-    log = server.log_text()
+    log = log_when(server, every_fault_reported)
     faults, rows = faults_and_rows(log)
     assert not [line for line in log.splitlines()
                 if "kv_canary violation:" in line and line.endswith(DRAFT_LINE_SUFFIX)]
