@@ -54,13 +54,21 @@ def log_when(server, done: Callable[[str], bool], *, timeout_s: float = 20.0) ->
     return log
 
 
+def fault_has_row(fault: re.Match[str], rows: Iterable[ViolationRow], *, max_delay: int = 0,
+                  reason: int = ~0) -> bool:
+    """Whether a row at the fault's position, carrying a bit of ``reason`` (default: any),
+    comes from its step (or the step before, when log mode did not print a corruption still
+    present) to ``max_delay`` steps later."""
+    step, position = int(fault["step"]), int(fault["position"])
+    return any(step - 1 <= r.step <= step + max_delay and r.position == position
+               and r.reasons & reason for r in rows)
+
+
 def every_fault_reported(log: str, *, max_delay: int = 0) -> bool:
-    """Whether every injected fault of ``log`` has a violation row at its position, from its
-    step (or the step before) to ``max_delay`` steps later (:func:`assert_every_fault_caught`'s
-    rule, any reason): a predicate for :func:`log_when`."""
+    """Whether every injected fault of ``log`` has a row (:func:`fault_has_row`, any reason):
+    a predicate for :func:`log_when`."""
     faults, rows = faults_and_rows(log)
-    return all(any(int(f["step"]) - 1 <= r.step <= int(f["step"]) + max_delay
-                   and r.position == int(f["position"]) for r in rows) for f in faults)
+    return all(fault_has_row(fault, rows, max_delay=max_delay) for fault in faults)
 
 
 def faults_and_rows(log: str) -> tuple[list[re.Match[str]], list[ViolationRow]]:
@@ -78,16 +86,14 @@ def union(rows: Iterable[ViolationRow]) -> int:
 def assert_every_fault_caught(faults, rows: list[ViolationRow], *, reason: Reason, allowed: int,
                               checks: tuple[CheckKind, ...] = VERIFY_CHECKS,
                               max_delay: int = 0) -> None:
-    """Every fault has a row at its position carrying ``reason`` from its step (or the step
-    before, when log mode did not print a corruption still present) to ``max_delay`` steps
-    later; no row carries a reason outside ``allowed`` or comes from another check."""
+    """Every fault has a row carrying ``reason`` (:func:`fault_has_row`); no row carries a
+    reason outside ``allowed`` or comes from another check."""
     assert faults, "no fault was injected"
     stray = [r for r in rows if r.reasons & ~allowed or r.check not in checks]
     assert not stray, "\n".join(r.to_line() for r in stray[:10])
     for fault in faults:
-        step, position = int(fault["step"]), int(fault["position"])
-        assert any(step - 1 <= r.step <= step + max_delay and r.position == position
-                   and r.reasons & int(reason) for r in rows), fault.group(0)
+        assert fault_has_row(fault, rows, max_delay=max_delay, reason=int(reason)), (
+            fault.group(0))
 
 
 def assert_clean_canary_log(log: str, *, min_health_checks: int = 2) -> None:
