@@ -11,6 +11,7 @@ import json
 import pathlib
 import sys
 import time
+import types
 
 import pytest
 
@@ -179,7 +180,9 @@ def test_eagle_steps_serve_every_configuration_with_an_eagle_draft(
     assert bench.MODELS["tiny"].server_args == model.server_args[: -10]
 
 
-def _load_sitecustomize(monkeypatch: pytest.MonkeyPatch):
+def _load_sitecustomize(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A fresh copy of the host-timers ``sitecustomize``, loaded with nothing wrapped and the
+    sync check off."""
     import importlib.util
 
     monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")  # loaded without wrapping anything
@@ -223,13 +226,7 @@ def test_the_sync_check_counts_the_canary_lines_apart(caplog: pytest.LogCaptureF
 
 def test_the_timing_sitecustomize_logs_means_per_forward(caplog: pytest.LogCaptureFixture,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
-    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")  # loaded without wrapping anything
-    spec = importlib.util.spec_from_file_location(
-        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
-    timers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timers)
+    timers = _load_sitecustomize(monkeypatch)
     monkeypatch.setattr(timers, "_EVERY", 2)
     forward = timers._wrap(timers.TIMED[0][1], lambda: time.sleep(0.001))
     helper = timers._wrap("helper", lambda value: value)
@@ -280,14 +277,7 @@ def test_the_timing_sitecustomize_splits_hooks_by_forward_mode(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hook called with ``forward_batch=`` is timed in total and per forward mode, so a
     prefill's on_init_new is not averaged with the decode steps'."""
-    import importlib.util
-    import types
-
-    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")
-    spec = importlib.util.spec_from_file_location(
-        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
-    timers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timers)
+    timers = _load_sitecustomize(monkeypatch)
     monkeypatch.setattr(timers, "_EVERY", 3)
     forward = timers._wrap(timers.TIMED[0][1], lambda: None)
     hook = timers._wrap("CanaryRunner.on_init_new",
@@ -326,14 +316,7 @@ def test_the_timing_sitecustomize_leaves_out_what_the_installed_code_lacks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """One list serves several package versions: a missing module, class or function is skipped,
     the rest is wrapped; the shipped list names this version's extend-forward functions."""
-    import importlib.util
-    import types
-
-    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")
-    spec = importlib.util.spec_from_file_location(
-        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
-    timers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timers)
+    timers = _load_sitecustomize(monkeypatch)
     assert {"CanaryRunner.launch_before_model", "CanaryRunner._extend_expectations",
             "WriteExpectations.compute", "RequestRows.prepare_deferred"} <= {
         path for _, path in timers.TIMED}
@@ -356,13 +339,7 @@ def test_the_timing_sitecustomize_leaves_out_what_the_installed_code_lacks(
 
 def test_the_call_profile_reports_once_what_ran_inside_the_profiled_calls(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
-    monkeypatch.setenv("KV_CANARY_HOST_TIMERS", "0")
-    spec = importlib.util.spec_from_file_location(
-        "kv_canary_host_timers", bench.HOST_TIMERS_DIR / "sitecustomize.py")
-    timers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timers)
+    timers = _load_sitecustomize(monkeypatch)
 
     def kv_canary_inner_work() -> None:
         time.sleep(0.0002)
