@@ -12,8 +12,15 @@ FAKE_SERVER_READY_DELAY_S (default 0): /health answers 503 until then;
 FAKE_SERVER_CHILD_PID_FILE: start a child process in the same group and write its pid there;
 FAKE_SERVER_IGNORE_SIGTERM=1: survive SIGTERM (the launcher must escalate to SIGKILL);
 FAKE_SERVER_MAX_TOTAL_TOKENS (default 614400): the pool size it logs;
-FAKE_SERVER_TIMER_LINES=1: after each streamed batch, log a host-timer line naming the batch's
-``max_new_tokens`` (as ``benchmark/host_timers/sitecustomize.py`` logs its lines).
+FAKE_SERVER_AS_CONFIGURED=1: log what a real server of its configuration logs instead of the
+fixed canary line: the plugin loader's line (``SGLANG_PLUGINS=none``: skipped, else loaded), the
+end of a piecewise CUDA-graph capture unless ``--disable-piecewise-cuda-graph`` is given, and,
+when ``SGLANG_KV_CANARY_MODE`` is set, the canary's start-up line in that mode and a stats line
+after each streamed batch;
+FAKE_SERVER_VIOLATIONS=1: a server whose canary runs logs a violation line after each streamed
+batch;
+FAKE_SERVER_DECODE_DELAY_S (default 0): the streamed answer waits this long between the
+first-token chunks and the final chunks.
 """
 
 import argparse
@@ -31,7 +38,10 @@ def main() -> None:
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--model-path")
+    parser.add_argument("--disable-piecewise-cuda-graph", action="store_true")
     options, _ = parser.parse_known_args()
+    as_configured = os.environ.get("FAKE_SERVER_AS_CONFIGURED") == "1"
+    canary_mode = os.environ.get("SGLANG_KV_CANARY_MODE") if as_configured else "log"
     mode = os.environ.get("FAKE_SERVER_MODE", "serve")
     print(f"fake server: mode={mode} model={options.model_path}", flush=True)
     if os.environ.get("FAKE_SERVER_IGNORE_SIGTERM") == "1":
@@ -82,6 +92,8 @@ def main() -> None:
             prompts = payload["input_ids"]
             new_tokens = payload.get("sampling_params", {}).get("max_new_tokens", 1)
             for finished in (False, True):
+                if finished:
+                    time.sleep(float(os.environ.get("FAKE_SERVER_DECODE_DELAY_S", "0")))
                 for index, prompt in enumerate(prompts):
                     tokens = new_tokens if finished else 1
                     event({"index": index, "output_ids": list(range(tokens)), "meta_info": {
@@ -89,9 +101,12 @@ def main() -> None:
                         "completion_tokens": tokens,
                         "finish_reason": {"type": "length", "length": tokens} if finished
                         else None}})
-            if os.environ.get("FAKE_SERVER_TIMER_LINES") == "1":
-                sys.stdout.write("[fake] WARNING KV canary host timers over 1 forwards: "
-                                 f"fake.new_tokens {new_tokens}.0us x1.00\n")
+            if as_configured and canary_mode:
+                batch_tokens = sum(len(prompt) + new_tokens for prompt in prompts)
+                sys.stdout.write(f"[fake] KV canary stats: protected {batch_tokens} tokens, "
+                                 "0 violations\n")
+                if os.environ.get("FAKE_SERVER_VIOLATIONS") == "1":
+                    sys.stdout.write("[fake] kv_canary violation: check=pre reason=fake\n")
                 sys.stdout.flush()
             event(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
@@ -130,7 +145,15 @@ def main() -> None:
             else:
                 self._answer(404, {"error": self.path})
 
-    print("KV canary enabled: mode=log (fake)", flush=True)
+    if as_configured:
+        plugin = ("Skipping plugin kv_canary (not in SGLANG_PLUGINS)"
+                  if os.environ.get("SGLANG_PLUGINS") == "none"
+                  else "Loaded plugin kv_canary from group sglang.srt.plugins")
+        print(f"[fake] {plugin}", flush=True)
+        if not options.disable_piecewise_cuda_graph:
+            print("[fake] Capture piecewise CUDA graph end", flush=True)
+    if canary_mode:
+        print(f"KV canary enabled: mode={canary_mode} (fake)", flush=True)
     print(f"max_total_num_tokens={os.environ.get('FAKE_SERVER_MAX_TOTAL_TOKENS', '614400')}, "
           "chunked_prefill_size=8192, max_running_requests=2048, context_len=40960", flush=True)
     http.server.ThreadingHTTPServer((options.host, options.port), Handler).serve_forever()
