@@ -35,6 +35,7 @@ from e2e_fixtures import (  # noqa: E402,F401 - fixtures and their report hook
     expect_launch_failure,
     keep_log,
     pytest_runtest_makereport,
+    shared_servers,
     tiny_eagle_draft_dir,
     tiny_model_dir,
 )

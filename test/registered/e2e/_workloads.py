@@ -31,6 +31,31 @@ def request(rid: str, input_ids: list[int], max_new_tokens: int, **sampling: obj
     }
 
 
+def _text_payload(index: int, *, new_tokens: int) -> dict:
+    return {
+        "text": f"Request {index}: " + " ".join(["attention cache page"] * (3 + index % 20)),
+        "rid": f"foundation-{index}",
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0,
+                            "ignore_eos": True},
+    }
+
+
+def serve_a_batch(server, *, new_tokens: int = 12) -> list[dict]:
+    """Concurrent single text requests, then one batched text request; asserts that every one
+    completes with ``new_tokens`` tokens and returns their outputs."""
+    outputs = server.generate_many([_text_payload(i, new_tokens=new_tokens) for i in range(24)],
+                                   concurrency=8)
+    batch = server.generate({
+        "text": [f"batched prompt {i} about the radix cache" for i in range(8)],
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0,
+                            "ignore_eos": True},
+    })
+    assert isinstance(batch, list) and len(batch) == 8
+    for output in outputs + batch:
+        assert output["meta_info"]["completion_tokens"] == new_tokens, output["meta_info"]
+    return outputs + batch
+
+
 def concurrent_traffic(server, *, rounds: int, seed: int = 5, per_round: int = 8,
                        new_tokens: int = 24) -> None:
     """Rounds of concurrently decoding requests (several live rows with a prefix per batch)."""

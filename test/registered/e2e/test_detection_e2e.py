@@ -1,5 +1,6 @@
 """End-to-end on a GPU: the canary core inside a real ``python -m sglang.launch_server`` on the
-tiny dummy-weight model (fixtures from ``e2e_fixtures.py``: ``canary_server(env=, args=)``).
+tiny dummy-weight model (fixtures from ``e2e_fixtures.py``: ``canary_server(env=, args=)``, and
+``shared_servers``: the canary-on server of 1 and 4 is one server, 4 running first).
 
 1. A clean mixed workload of 200+ requests (prompt lengths at page and chunk boundaries +-1,
    shared prefixes requested A -> B -> A, chunked prefill, padded CUDA-graph batch sizes, radix
@@ -118,9 +119,26 @@ def _ignore_errors(call, payload) -> None:
         pass
 
 
+def _sequential_tokens(server, *, seed: int) -> list:
+    rng = random.Random(seed)
+    prompts = [_tokens(rng, n) for n in (1, 15, 16, 17, 100, 255, 256, 257, 600)]
+    outputs = [server.generate(_request(f"same-{i}", p, 24)) for i, p in enumerate(prompts)]
+    return [o.get("output_ids", o["text"]) for o in outputs]
+
+
 @pytest.mark.gpu
-def test_clean_mixed_workload_with_cuda_graphs_has_no_violation(canary_server) -> None:
-    server = canary_server(env=_CANARY, args=_GRAPH_ARGS)
+def test_canary_on_and_off_generate_identical_tokens(canary_server, shared_servers) -> None:
+    """The canary-on side runs on the graph server the clean mixed workload shares (this test
+    first, on the fresh server; the prompts share no prefix with that workload's)."""
+    on = shared_servers.get(env=_CANARY, args=_GRAPH_ARGS)
+    with_canary = _sequential_tokens(on, seed=11)
+    off = canary_server(args=_GRAPH_ARGS)
+    assert _sequential_tokens(off, seed=11) == with_canary
+
+
+@pytest.mark.gpu
+def test_clean_mixed_workload_with_cuda_graphs_has_no_violation(shared_servers) -> None:
+    server = shared_servers.get(env=_CANARY, args=_GRAPH_ARGS)
     assert _run_mixed_workload(server, page=_PAGE, chunk=_CHUNK) >= 200
     server.generate(_request("last", _tokens(random.Random(1), 30), 30))  # flush the reports
     assert server.returncode is None
@@ -244,22 +262,6 @@ def test_real_kv_used_fault_is_silent_without_real_data(canary_server) -> None:
     assert server.returncode is None
     faults, rows = _faults_and_rows(server.log_text())
     assert faults and rows == []
-
-
-def _sequential_tokens(server, *, seed: int) -> list:
-    rng = random.Random(seed)
-    prompts = [_tokens(rng, n) for n in (1, 15, 16, 17, 100, 255, 256, 257, 600)]
-    outputs = [server.generate(_request(f"same-{i}", p, 24)) for i, p in enumerate(prompts)]
-    return [o.get("output_ids", o["text"]) for o in outputs]
-
-
-@pytest.mark.gpu
-def test_canary_on_and_off_generate_identical_tokens(canary_server) -> None:
-    on = canary_server(env=_CANARY, args=_GRAPH_ARGS)
-    with_canary = _sequential_tokens(on, seed=11)
-    on.stop()
-    off = canary_server(args=_GRAPH_ARGS)
-    assert _sequential_tokens(off, seed=11) == with_canary
 
 
 @pytest.mark.gpu

@@ -1,59 +1,23 @@
-"""End-to-end on a GPU: the canary's promises about memory, reporting and bad client input.
+"""End-to-end on a GPU: the canary's promises about reporting and bad client input (its memory
+budget is checked in ``test_startup_e2e.py``, on servers that run alone on the GPU).
 
-1. Memory budget: the canary's fixed buffers are reserved from the profiled KV budget and its
-   records add 32 B to every token's cell, so the KV pool of a canary server holds
-   ``(available - reserved) // (cell + 32)`` tokens where a server without the canary holds
-   ``available // cell``; every buffer the canary allocated fits its reservation.
-2. Log mode keeps reporting: a persistent stream of violations (SGLang's padded-row bug
+1. Log mode keeps reporting: a persistent stream of violations (SGLang's padded-row bug
    re-injected) for many forwards does not stop a later, different violation from being
    printed.
-3. A client's invalid ``bootstrap_room`` (negative) with the token oracle on is answered and
+2. A client's invalid ``bootstrap_room`` (negative) with the token oracle on is answered and
    the server keeps serving (it falls back to the request's rid, with a warning).
 """
 
 import random
-import re
 import sys
 
 import pytest
 from _workloads import PERTURB, concurrent_traffic, faults_and_rows, request, tokens
 
-from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES, Reason
+from sglang.jit_kernel.kv_canary.consts import Reason
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="kv-canary-gpu")
-
-# The tiny model (tools/tiny_model.py): 4 layers, 2 KV heads of 64 bf16 values, K and V.
-_CELL_BYTES = 4 * 2 * 2 * 64 * 2
-_NO_TOKEN_CAP = ("--max-total-tokens", "1000000000")  # above the profile: SGLang uses the profile
-_BUDGET_RE = re.compile(r"KV canary memory budget: (\d+) B profiled for the KV pool, (\d+) B "
-                        r"reserved")
-_DEVICE_RE = re.compile(r"KV canary device memory: (\d+) B allocated = records (\d+) B .*?"
-                        r"fixed buffers (\d+) B \(reserved (\d+) B")
-_TOKENS_RE = re.compile(r"max_total_num_tokens=(\d+)")
-
-
-def _max_total_tokens(log: str) -> int:
-    return int(_TOKENS_RE.findall(log)[-1])
-
-
-@pytest.mark.gpu
-def test_kv_pool_shrinks_by_the_documented_amount(canary_server) -> None:
-    off = canary_server(args=_NO_TOKEN_CAP)
-    tokens_off = _max_total_tokens(off.log_text())
-    off.stop()
-    on = canary_server(env={"SGLANG_KV_CANARY_MODE": "log"}, args=_NO_TOKEN_CAP)
-    log = on.log_text()
-    available, reserved = map(int, _BUDGET_RE.search(log).groups())
-    tokens_on = _max_total_tokens(log)
-    # the canary server's own arithmetic, exactly (pages of 1 token)
-    assert tokens_on == (available - reserved) // (_CELL_BYTES + RECORD_BYTES), log[-2000:]
-    # against the server without the canary (its profile differs by at most a few MB)
-    assert abs(tokens_off - available // _CELL_BYTES) <= 0.002 * tokens_off
-    allocated, records, fixed, reserved_logged = map(int, _DEVICE_RE.search(log).groups())
-    assert reserved_logged == reserved and fixed <= reserved
-    assert records == (tokens_on + 1) * RECORD_BYTES  # one record per slot, padding slot 0 too
-    assert allocated == records + fixed
 
 
 @pytest.mark.gpu

@@ -76,6 +76,9 @@ TRITON_DEVICES = [
     ),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
+# Triton's interpreter only, for cases whose CUDA run would compile kernel variants (seconds
+# each) to check again what the interpreter checks with the same code.
+INTERPRETER_DEVICES = [device for device in TRITON_DEVICES if device.values == ("cpu",)]
 
 _PACKAGE = "sglang.jit_kernel.kv_canary"
 # Kernel modules in import order (helpers first): reloaded together under the interpreter.

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from _canary_sim import (
+    INTERPRETER_DEVICES,
     TRITON_DEVICES,
     KvSim,
     PaddedRow,
@@ -484,7 +485,20 @@ TINY_TILES = dict(row_block=4, verify_tile=16, write_tile=16, decode_write_rows=
                   scan_block=32, tile_elements=32, min_verify_tile=16)
 
 
-@pytest.fixture(params=["production-tiles", "tiny-tiles"])
+TILE_SETS = ("production-tiles", "tiny-tiles")
+
+
+def devices_and_tile_sets(*, cuda_tile_sets: tuple[str, ...]) -> list:
+    """``(device, tile_sizes)`` cases: every tile set in the interpreter, ``cuda_tile_sets`` on
+    CUDA (ids ``<tile set>-<device id>``)."""
+    return [
+        pytest.param(device.values[0], tiles, id=f"{tiles}-{device.id}", marks=device.marks)
+        for device in TRITON_DEVICES
+        for tiles in (TILE_SETS if device in INTERPRETER_DEVICES else cuda_tile_sets)
+    ]
+
+
+@pytest.fixture(params=TILE_SETS)
 def tile_sizes(request, monkeypatch):
     if request.param == "tiny-tiles":
         kernels = canary_impl("triton")
@@ -492,7 +506,12 @@ def tile_sizes(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("device", TRITON_DEVICES)
+# On CUDA only the production tiles draw the 200 random cases: each tile set compiles its own
+# kernel variants, the tiny tiles' random cases run in the interpreter, and the tiny tiles are
+# compiled and checked on CUDA by the clean pipelines below.
+@pytest.mark.parametrize("device, tile_sizes",
+                         devices_and_tile_sets(cuda_tile_sets=("production-tiles",)),
+                         indirect=["tile_sizes"])
 def test_random_cases_match_the_reference(device, tile_sizes):
     on_gpu = device == "cuda"
     num_cases = 200 if on_gpu else 30
@@ -506,7 +525,7 @@ def test_random_cases_match_the_reference(device, tile_sizes):
     assert not failures, "kernel != reference; shrunk case:\n{}\n{}".format(*failures[0])
 
 
-@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("device", INTERPRETER_DEVICES)  # the shrinker is plain Python
 def test_shrinking_reduces_a_failing_case_to_its_cause(device, monkeypatch):
     """The shrinker itself: a planted kernel bug (chain off by one when prefix_len > 3)."""
     spec = CaseSpec(

@@ -6,8 +6,9 @@ little-endian signed int64, or the bootstrap room when one is given; SplitMix64 
 ``id XOR position`` modulo the vocabulary size), independently of the package. A request with a
 prompt of ``L`` tokens emits, as output token ``k``, the oracle's token at position ``L + k``.
 
-Uses the harness fixtures ``canary_server`` (``env=``, ``args=``), ``tiny_model_dir``,
-``tiny_eagle_draft_dir`` and ``expect_launch_failure`` (``test/registered/e2e_fixtures.py``).
+Uses the harness fixtures ``canary_server`` (``env=``, ``args=``), ``shared_servers`` (the
+EAGLE tests share one server), ``tiny_model_dir``, ``tiny_eagle_draft_dir`` and
+``expect_launch_failure`` (``test/registered/e2e_fixtures.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 import pytest
 
 from sglang.test.ci.ci_register import register_cuda_ci
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "e2e"))
+from _workloads import serve_a_batch  # noqa: E402 - the start-up tests' text batch
 
 register_cuda_ci(est_time=900, suite="kv-canary-gpu")
 
@@ -207,8 +211,27 @@ def test_every_token_follows_the_oracle_with_chunked_prefill(canary_server, tiny
 
 # ----------------------------------------------------------------------------- (d) EAGLE
 
+def _eagle_args(draft_dir: pathlib.Path) -> tuple[str, ...]:
+    """The oracle EAGLE server's flags (spec v2, 2 steps, topk 1, 3 draft tokens)."""
+    return (*ORACLE_ARGS, "--speculative-algorithm", "EAGLE",
+            "--speculative-draft-model-path", str(draft_dir),
+            "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "3")
+
+
 @pytest.mark.gpu
-def test_every_token_follows_the_oracle_with_eagle(canary_server, tiny_model_dir,
+def test_tiny_eagle_draft_serves_speculatively(shared_servers, tiny_eagle_draft_dir) -> None:
+    """The tiny EAGLE draft is accepted by ``--speculative-algorithm EAGLE`` and drafts: every
+    request of a text batch completes, verified drafts included (on the EAGLE server the oracle
+    test below shares; the canary is off there)."""
+    server = shared_servers.get(env=ORACLE_ENV, args=_eagle_args(tiny_eagle_draft_dir))
+    outputs = serve_a_batch(server)
+    assert server.request_json("GET", "/server_info")["speculative_algorithm"] == "EAGLE"
+    assert any(o["meta_info"].get("spec_verify_ct", 0) > 0 for o in outputs)
+
+
+@pytest.mark.gpu
+def test_every_token_follows_the_oracle_with_eagle(shared_servers, tiny_model_dir,
                                                    tiny_eagle_draft_dir) -> None:
     """EAGLE spec v2 (overlap on, topk 1): the draft model proposes, the target verifies.
 
@@ -218,12 +241,7 @@ def test_every_token_follows_the_oracle_with_eagle(canary_server, tiny_model_dir
     only when it equals the oracle's token.
     """
     vocab_size = _vocab_size(tiny_model_dir)
-    server = canary_server(env=ORACLE_ENV, args=(
-        *ORACLE_ARGS, "--speculative-algorithm", "EAGLE",
-        "--speculative-draft-model-path", str(tiny_eagle_draft_dir),
-        "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "3",
-    ))
+    server = shared_servers.get(env=ORACLE_ENV, args=_eagle_args(tiny_eagle_draft_dir))
     assert "Spec v2 is enabled" in server.log_text()
     # Default temperature (1.0): verify by tree speculative sampling on the oracle's point mass.
     requests = [_request(f"eagle-{i}", n, 20, vocab_size) for i, n in enumerate((5, 40, 120))]
