@@ -9,10 +9,12 @@ collected (``pytest --collect-only -m gpu`` in a child process), and
 * every file or test selector of the plan selects at least one ``gpu`` test (no stale or
   misspelt entry: pytest would refuse the whole shard), and every folder selector names a
   folder (it takes whatever ``gpu`` tests the folder comes to hold);
+* the tests of a module that share its servers (``shared_servers``) are in one shard;
 * each plan's expected wall time (the install, its longest parallel shard, then its serial
   shards) stays within the script's ``PLAN_TARGET_S``.
 """
 
+import json
 import pathlib
 import re
 import subprocess
@@ -84,20 +86,49 @@ def selects(selector: str, node_id: str) -> bool:
         (f"{selector}::", f"{selector}[", f"{selector.rstrip('/')}/"))
 
 
-def collect_gpu_tests() -> list[str]:
-    """The node ids of every ``gpu``-marked test under test/registered (fails on any
-    collection error: an uncollectable module hides its tests from the plan)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
-         "-p", "no:cacheprovider", "test/registered"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuTest:
+    node_id: str
+    shares_a_server: bool  # uses its module's ``shared_servers``
+
+
+# Run in a child interpreter: collect the gpu tests, print each one's node id and whether it
+# uses ``shared_servers`` (directly or through a module fixture) as one JSON line.
+_COLLECT = """
+import json, sys, pytest
+class Items:
+    found = []
+    def pytest_collection_finish(self, session):
+        self.found = [(item.nodeid, "shared_servers" in item.fixturenames)
+                      for item in session.items]
+items = Items()
+code = pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                    "test/registered"], plugins=[items])
+print("GPU-TESTS " + json.dumps(items.found))
+sys.exit(code)
+"""
+
+
+def collect_gpu_tests() -> list[GpuTest]:
+    """Every ``gpu``-marked test under test/registered (fails on any collection error: an
+    uncollectable module hides its tests from the plan)."""
+    result = subprocess.run([sys.executable, "-c", _COLLECT], cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
     assert result.returncode == 0, (
         f"collecting the gpu tests failed ({result.returncode}):\n"
         + "\n".join((result.stdout + result.stderr).splitlines()[-60:]))
-    node_ids = [line.strip() for line in result.stdout.splitlines() if "::" in line]
-    assert node_ids, result.stdout[-3000:]
-    return node_ids
+    found = [line for line in result.stdout.splitlines() if line.startswith("GPU-TESTS ")]
+    assert found, result.stdout[-3000:]
+    tests = [GpuTest(node_id=node_id, shares_a_server=shared)
+             for node_id, shared in json.loads(found[-1].removeprefix("GPU-TESTS "))]
+    assert tests, result.stdout[-3000:]
+    return tests
+
+
+def shards_of(node_id: str, shards: list[Shard]) -> list[str]:
+    """The ``<plan>-<name>`` of every shard that selects ``node_id``."""
+    return [f"{shard.plan}-{shard.name}" for shard in shards
+            if any(selects(selector, node_id) for selector in shard.selectors)]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +137,7 @@ def shards() -> list[Shard]:
 
 
 @pytest.fixture(scope="module")
-def gpu_tests() -> list[str]:
+def gpu_tests() -> list[GpuTest]:
     return collect_gpu_tests()
 
 
@@ -118,9 +149,7 @@ def test_the_plan_parses_into_named_shards_of_plans_1_and_2(shards) -> None:
 
 
 def test_every_gpu_test_is_in_exactly_one_shard(shards, gpu_tests) -> None:
-    placement = {node_id: [f"{shard.plan}-{shard.name}" for shard in shards
-                           if any(selects(selector, node_id) for selector in shard.selectors)]
-                 for node_id in gpu_tests}
+    placement = {test.node_id: shards_of(test.node_id, shards) for test in gpu_tests}
     missing = [node_id for node_id, where in placement.items() if not where]
     twice = [f"{node_id}: {where}" for node_id, where in placement.items() if len(where) > 1]
     assert not missing, ("gpu tests in no shard of scripts/gpu_tests.sh (add each to one "
@@ -132,9 +161,20 @@ def test_every_selector_names_a_folder_or_selects_a_gpu_test(shards, gpu_tests) 
     stale = [f"{shard.plan}-{shard.name}: {selector}" for shard in shards
              for selector in shard.selectors
              if not (REPO / selector).is_dir()
-             and not any(selects(selector, node_id) for node_id in gpu_tests)]
+             and not any(selects(selector, test.node_id) for test in gpu_tests)]
     assert not stale, ("plan selectors that are no folder and select no gpu test:\n"
                        + "\n".join(stale))
+
+
+def test_the_tests_sharing_a_module_server_are_in_one_shard(shards, gpu_tests) -> None:
+    """Else each shard starts that server again (correct, but the sharing saves nothing)."""
+    by_module: dict[str, set[str]] = {}
+    for test in gpu_tests:
+        if test.shares_a_server:
+            module = test.node_id.split("::")[0]
+            by_module.setdefault(module, set()).update(shards_of(test.node_id, shards))
+    split = {module: sorted(where) for module, where in by_module.items() if len(where) > 1}
+    assert by_module and not split, split
 
 
 @pytest.mark.parametrize("plan", PLANS)
