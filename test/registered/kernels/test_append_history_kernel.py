@@ -1,7 +1,6 @@
-"""The token-history append (one token per row, read from a packed upload) on the torch
-reference and the Triton kernel (interpreted on a CPU, compiled on CUDA), against expectations
-computed with plain Python loops; the same result as the scatter of one-token segments; and,
-on CUDA, one captured launch serving replays of different uploads.
+"""The sampled-token append of the token history on the torch reference and the Triton kernel
+(interpreted on a CPU, compiled on CUDA), against expectations computed one row at a time with
+plain Python; its input contract; and, on CUDA, a launch captured into a graph.
 """
 
 import random
@@ -11,9 +10,6 @@ import pytest
 import torch
 
 from _canary_sim import IMPLS, append_history_impl
-from sglang.jit_kernel.kv_canary.scatter_req_token_ids_ref import (
-    scatter_req_token_ids_torch_reference,
-)
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=10, suite="kv-canary-cpu")
@@ -22,109 +18,112 @@ register_cuda_ci(est_time=20, suite="kv-canary-gpu")
 POOL_ROWS, CONTEXT = 9, 16
 
 
-def _upload(rows: list[int], lens: list[int], tokens: list[int], *, count: int | None = None,
-            extra_words: int = 0) -> list[int]:
-    """A packed upload of one-token rows: header, seq_lens, rows, lens, offsets, tokens."""
-    n = len(rows)
-    seq_lens = [length + 100 for length in lens]  # skipped by the append: any values
-    offsets = list(range(n + 1))
-    header = n if count is None else count
-    return [header, *seq_lens, *rows, *lens, *offsets, *tokens] + [-7] * extra_words
-
-
-def _expected(pool: torch.Tensor, lens_out: torch.Tensor, upload: list[int], max_rows: int):
+def _expected(pool: torch.Tensor, lens_out: torch.Tensor, rows: list[int], positions: list[int],
+              tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The contract, one row at a time."""
     pool, lens_out = pool.clone(), lens_out.clone()
-    n = upload[0]
-    if n <= 0 or 2 + 5 * n > len(upload):
-        return pool, lens_out
-    for b in range(min(n, max_rows)):
-        row, length, token = upload[1 + n + b], upload[1 + 2 * n + b], upload[2 + 4 * n + b]
-        if not 0 <= row < POOL_ROWS:
+    for row, position, token in zip(rows, positions, tokens):
+        if not 0 < row < POOL_ROWS or not 0 <= position < CONTEXT:
             continue
-        lens_out[row] = length
-        if 0 <= length - 1 < CONTEXT:
-            pool[row, length - 1] = token
+        if int(lens_out[row]) != position:
+            continue
+        pool[row, position] = token
+        lens_out[row] = position + 1
     return pool, lens_out
 
 
-def _run(impl: str, device: str, upload: list[int], *, max_rows: int):
-    generator = torch.Generator().manual_seed(3)
+def _start(seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
     pool = torch.randint(0, 1000, (POOL_ROWS, CONTEXT), generator=generator, dtype=torch.int32)
     lens_out = torch.randint(0, CONTEXT, (POOL_ROWS,), generator=generator, dtype=torch.int64)
-    expected = _expected(pool, lens_out, upload, max_rows)
+    return pool, lens_out
+
+
+def _run(impl: str, device: str, rows: list[int], positions: list[int], tokens: list[int], *,
+         index_dtype: torch.dtype = torch.int64, start: tuple[torch.Tensor, torch.Tensor]):
+    pool, lens_out = start
+    expected = _expected(pool, lens_out, rows, positions, tokens)
     pool_d, lens_d = pool.to(device), lens_out.to(device)
     append_history_impl(impl).launch_append_history_tokens(
-        upload=torch.tensor(upload, dtype=torch.int64, device=device), max_rows=max_rows,
+        req_pool_indices=torch.tensor(rows, dtype=index_dtype, device=device),
+        seq_lens=torch.tensor(positions, dtype=index_dtype, device=device),
+        tokens=torch.tensor(tokens, dtype=index_dtype, device=device),
         pool_out=pool_d, history_lens_out=lens_d,
     )
     assert torch.equal(pool_d.cpu(), expected[0])
     assert torch.equal(lens_d.cpu(), expected[1])
-    return pool_d.cpu(), lens_d.cpu()
+
+
+def _known(rows: list[int], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A start where each named row knows exactly ``positions[b]`` tokens (every append lands)."""
+    pool, lens_out = _start()
+    for row, position in zip(rows, positions):
+        if 0 <= row < POOL_ROWS:
+            lens_out[row] = position
+    return pool, lens_out
 
 
 CASES = {
-    "one row": (_upload([3], [5], [77]), 1),
-    "a decode step": (_upload([1, 4, 2, 8], [1, 9, 16, 3], [5, 6, 7, 8]), 4),
-    "graph padded beyond the live rows": (_upload([1, 4], [2, 3], [5, 6], extra_words=40), 64),
-    "max_rows below the count": (_upload([1, 4, 2], [2, 3, 4], [5, 6, 7]), 2),
-    "nothing to append": (_upload([], [], [], extra_words=30), 8),
-    "a negative count": (_upload([1, 2], [3, 4], [5, 6], count=-3), 8),
-    "a count the upload cannot hold": (_upload([1, 2], [3, 4], [5, 6], count=5), 8),
+    "one row": ([3], [5], [77], True),
+    "a decode step": ([1, 4, 2, 8], [1, 9, 15, 3], [5, 6, 7, 8], True),
+    "nothing to append": ([], [], [], True),
+    "rows that know more (a chunked prefill's discarded sample)": ([1, 4], [2, 3], [5, 6], False),
+    "padding row zero never changes": ([0, 6], [2, 3], [9, 10], True),
     "rows and positions out of range": (
-        _upload([-1, POOL_ROWS, 2, 3, 5], [4, 4, 0, CONTEXT + 1, -2], [1, 2, 3, 4, 5]), 5
+        [-1, POOL_ROWS, 2, 3, 5], [4, 4, CONTEXT, -2, 0], [1, 2, 3, 4, 5], True
     ),
-    "row zero is written like any row": (_upload([0, 6], [2, 3], [9, 10]), 2),
 }
 
 
 @pytest.mark.parametrize("impl, device", IMPLS)
 @pytest.mark.parametrize("case_name", sorted(CASES))
 def test_matches_the_contract(impl, device, case_name):
-    upload, max_rows = CASES[case_name]
-    _run(impl, device, upload, max_rows=max_rows)
+    rows, positions, tokens, caught_up = CASES[case_name]
+    start = _known(rows, positions) if caught_up else _start()
+    _run(impl, device, rows, positions, tokens, start=start)
 
 
 @pytest.mark.parametrize("impl, device", IMPLS)
-def test_random_decode_steps_match_the_scatter_of_one_token_segments(impl, device):
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_random_batches_append_exactly_where_the_row_s_history_ends(impl, device, index_dtype):
     rng = random.Random(11)
-    for _ in range(20):
+    for seed in range(12):
         n = rng.randint(1, POOL_ROWS - 1)
-        rows = rng.sample(range(1, POOL_ROWS), n)
-        lens = [rng.randint(1, CONTEXT + 2) for _ in rows]
+        rows = rng.sample(range(0, POOL_ROWS), n)
+        start = _start(seed)
+        # half the rows caught up (the append lands), the others ahead or behind (it does not)
+        positions = [
+            int(start[1][row]) if rng.random() < 0.5 else rng.randint(-1, CONTEXT)
+            for row in rows
+        ]
         tokens = [rng.randrange(1 << 31) for _ in rows]
-        appended = _run(impl, device, _upload(rows, lens, tokens), max_rows=n)
-        generator = torch.Generator().manual_seed(3)
-        pool = torch.randint(0, 1000, (POOL_ROWS, CONTEXT), generator=generator, dtype=torch.int32)
-        lens_out = torch.randint(0, CONTEXT, (POOL_ROWS,), generator=generator, dtype=torch.int64)
-        scatter_req_token_ids_torch_reference(
-            flat_in=torch.tensor(tokens), offsets=torch.arange(n + 1),
-            req_pool_indices=torch.tensor(rows), pool_out=pool,
-            history_lens=torch.tensor(lens), history_lens_out=lens_out,
-        )
-        assert torch.equal(appended[0], pool) and torch.equal(appended[1], lens_out)
+        _run(impl, device, rows, positions, tokens, index_dtype=index_dtype, start=start)
 
 
 def _tensors(device: str = "cpu"):
     return dict(
-        upload=torch.zeros(8, dtype=torch.int64, device=device),
-        max_rows=4,
+        req_pool_indices=torch.zeros(4, dtype=torch.int64, device=device),
+        seq_lens=torch.zeros(4, dtype=torch.int64, device=device),
+        tokens=torch.zeros(4, dtype=torch.int64, device=device),
         pool_out=torch.zeros(POOL_ROWS, CONTEXT, dtype=torch.int32, device=device),
         history_lens_out=torch.zeros(POOL_ROWS, dtype=torch.int64, device=device),
     )
 
 
 CONTRACT_ERRORS = {
-    "upload dtype": (dict(upload=torch.zeros(8, dtype=torch.int32)), TypeError, "upload"),
-    "upload 2-D": (dict(upload=torch.zeros(2, 4, dtype=torch.int64)), ValueError, "upload"),
-    "upload strided": (dict(upload=torch.zeros(16, dtype=torch.int64)[::2]), ValueError, "upload"),
+    "tokens dtype": (dict(tokens=torch.zeros(4, dtype=torch.float32)), TypeError, "tokens"),
+    "rows length": (dict(req_pool_indices=torch.zeros(3, dtype=torch.int64)), ValueError,
+                    "req_pool_indices"),
+    "seq_lens 2-D": (dict(seq_lens=torch.zeros(2, 2, dtype=torch.int64)), ValueError,
+                     "seq_lens"),
+    "seq_lens strided": (dict(seq_lens=torch.zeros(8, dtype=torch.int64)[::2]), ValueError,
+                         "seq_lens"),
     "pool dtype": (dict(pool_out=torch.zeros(POOL_ROWS, CONTEXT, dtype=torch.int64)), TypeError,
                    "pool_out"),
     "lens rows": (dict(history_lens_out=torch.zeros(POOL_ROWS + 1, dtype=torch.int64)),
                   ValueError, "history_lens_out"),
-    "max_rows negative": (dict(max_rows=-1), ValueError, "max_rows"),
-    "max_rows not an int": (dict(max_rows=2.0), TypeError, "max_rows"),
     "pool not a tensor": (dict(pool_out=[[0]]), TypeError, "pool_out"),
+    "tokens not a tensor": (dict(tokens=[0, 0, 0, 0]), TypeError, "tokens"),
 }
 
 
@@ -138,34 +137,39 @@ def test_contract_errors_name_the_argument(impl, device, error_name):
 
 @pytest.mark.gpu
 def test_tensors_on_different_devices_are_refused():
-    arguments = _tensors("cuda") | {"upload": torch.zeros(8, dtype=torch.int64)}
-    with pytest.raises(ValueError, match="upload is on cpu"):
+    arguments = _tensors("cuda") | {"tokens": torch.zeros(4, dtype=torch.int64)}
+    with pytest.raises(ValueError, match="tokens is on cpu"):
         append_history_impl("triton").launch_append_history_tokens(**arguments)
 
 
 @pytest.mark.gpu
-def test_one_captured_launch_applies_each_replay_s_upload():
-    """Captured with a graph's batch size; each replay reads the upload area's contents then."""
+def test_a_captured_launch_appends_each_replay_s_tokens():
+    """Captured once; each replay reads the rows, positions and tokens its buffers hold then."""
     device = "cuda"
-    area = torch.zeros(256, dtype=torch.int64, device=device)
+    rows = torch.zeros(8, dtype=torch.int64, device=device)
+    positions = torch.zeros(8, dtype=torch.int64, device=device)
+    tokens = torch.zeros(8, dtype=torch.int64, device=device)
     pool = torch.zeros(POOL_ROWS, CONTEXT, dtype=torch.int32, device=device)
     lens_out = torch.zeros(POOL_ROWS, dtype=torch.int64, device=device)
     launch = append_history_impl("triton").launch_append_history_tokens
-    launch(upload=area, max_rows=8, pool_out=pool, history_lens_out=lens_out)  # compile first
+    arguments = dict(req_pool_indices=rows, seq_lens=positions, tokens=tokens, pool_out=pool,
+                     history_lens_out=lens_out)
+    launch(**arguments)  # compile first (row 0 only: nothing appended)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        launch(upload=area, max_rows=8, pool_out=pool, history_lens_out=lens_out)
+        launch(**arguments)
     expected_pool, expected_lens = pool.cpu(), lens_out.cpu()
     rng = random.Random(5)
     for step in range(6):
-        n = [3, 8, 0, 1, 5, 2][step]
-        rows = rng.sample(range(1, POOL_ROWS), n)
-        upload = _upload(rows, [rng.randint(1, CONTEXT) for _ in rows],
-                         [rng.randrange(1000) for _ in rows])
-        area[: len(upload)].copy_(torch.tensor(upload))
+        batch_rows = rng.sample(range(1, POOL_ROWS), 8)
+        batch_positions = [int(expected_lens[row]) for row in batch_rows]
+        batch_tokens = [rng.randrange(1000) for _ in batch_rows]
+        rows.copy_(torch.tensor(batch_rows))
+        positions.copy_(torch.tensor(batch_positions))
+        tokens.copy_(torch.tensor(batch_tokens))
         graph.replay()
-        expected_pool, expected_lens = _expected(expected_pool, expected_lens,
-                                                 area.cpu().tolist(), 8)
+        expected_pool, expected_lens = _expected(expected_pool, expected_lens, batch_rows,
+                                                 batch_positions, batch_tokens)
         torch.cuda.synchronize()
         assert torch.equal(pool.cpu(), expected_pool), step
         assert torch.equal(lens_out.cpu(), expected_lens), step

@@ -37,8 +37,9 @@ from sglang.srt.kv_canary.monitor.violation_reporter import (
 )
 from sglang.srt.kv_canary.monitor.violations import VIOLATION_LINE_PREFIX, find_violation_rows
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
+from sglang.srt.kv_canary.pools.mha import MHACanaryPool
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.selfcheck.scenarios import server_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,
     SimulatedRequest,
@@ -107,10 +108,10 @@ def test_a_persistent_fault_is_printed_once_and_a_second_fault_still_shows(canar
             records[burst[0], FIELD_FINGERPRINT] = saved
 
     server = SimulatedServer(page_size=1, num_pages=64, max_requests=1, max_context_len=32,
-                             forward=forward, init_new_hooks=init_new_hooks(config))
+                             forward=forward, hooks=server_hooks(config))
     runner = install_canary_runner(model_runner=server.runner, config=config,
                                    kernels=load_kernels(KernelBackend.TORCH_REFERENCE))
-    kv_bytes = FingerprintedBytes(kv_pool=server.kv_pool)
+    kv_bytes = FingerprintedBytes(pool=MHACanaryPool(server.kv_pool))
 
     def run_request() -> SimulatedRequest:
         """One request of the prompt: prefill (the cached 15 tokens shared), decode, finish."""

@@ -118,7 +118,7 @@ def test_the_injector_fires_after_the_warm_up_and_logs_the_standard_line(caplog)
     caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
     injector = build_fault_injector(
         config=PerturbConfig(warmup_steps=2, seed=5, input_ids_prob=1.0), state=_state(),
-        kv_pool=None, vocab_size=_VOCAB,
+        pool=None, vocab_size=_VOCAB,
     )
     for step in range(4):
         batch = _decode([4, 9])

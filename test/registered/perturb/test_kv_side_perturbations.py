@@ -18,6 +18,7 @@ from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.perturb.foreign_prefix import ForeignPrefixPerturbation
 from sglang.srt.kv_canary.perturb.injector import build_fault_injector
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
+from sglang.srt.kv_canary.pools.mha import MHACanaryPool
 from sglang.srt.kv_canary.perturb.live_rows import live_rows
 from sglang.srt.kv_canary.perturb.real_kv_post_forward import RealKvPostForwardPerturbation
 from sglang.srt.kv_canary.perturb.seq_lens import SeqLensPerturbation
@@ -126,7 +127,7 @@ def test_real_kv_post_forward_flips_a_slot_this_forward_wrote_and_keeps_it() -> 
     batch = batches[-1]  # the EXTEND that wrote both prompts
     views = _kv_bytes(server)
     before = [view.clone() for view in views]
-    perturbation = RealKvPostForwardPerturbation(kv_bytes=FingerprintedBytes(kv_pool=server.kv_pool))
+    perturbation = RealKvPostForwardPerturbation(kv_bytes=FingerprintedBytes(pool=MHACanaryPool(server.kv_pool)))
     fault = perturbation.inject(forward_batch=batch, rows=live_rows(batch),
                                 rng=random.Random(4), step=0)
     token_index = int(dict(p.split("=") for p in fault.detail.split())["token_index"])
@@ -151,7 +152,7 @@ def test_the_injector_runs_after_forward_perturbations_only_after_the_forward(ca
     )
     injector = build_fault_injector(
         config=PerturbConfig(warmup_steps=1, seed=2, real_kv_post_forward_prob=1.0),
-        state=state, kv_pool=server.kv_pool, vocab_size=1000,
+        state=state, pool=MHACanaryPool(server.kv_pool), vocab_size=1000,
     )
     views = _kv_bytes(server)
     before = [view.clone() for view in views]
@@ -166,7 +167,7 @@ def test_the_injector_runs_after_forward_perturbations_only_after_the_forward(ca
 
 
 def test_no_enabled_perturbation_builds_no_injector() -> None:
-    assert build_fault_injector(config=PerturbConfig(), state=None, kv_pool=None,
+    assert build_fault_injector(config=PerturbConfig(), state=None, pool=None,
                                 vocab_size=10) is None
 
 

@@ -16,10 +16,8 @@ from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import LiveRow, live_rows
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
 from sglang.srt.kv_canary.perturb.req_to_token import ReqToTokenPerturbation, distinct_positions
-from sglang.srt.kv_canary.runner.device_state import (
-    PARTIAL_BYTES_PER_SOURCE,
-    real_data_sources,
-)
+from sglang.srt.kv_canary.pools.mha import MHACanaryPool
+from sglang.srt.kv_canary.pools.real_data import PARTIAL_BYTES_PER_SOURCE, real_data_sources
 from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest, SimulatedServer
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -134,7 +132,7 @@ def test_real_kv_used_flips_one_fingerprinted_byte_of_a_live_prefix_slot() -> No
     before = {name: view.clone() for name, view in views.items()}
     perturbation = RealKvUsedPerturbation(
         req_to_token=server.req_to_token_pool.req_to_token,
-        kv_bytes=FingerprintedBytes(kv_pool=server.kv_pool),
+        kv_bytes=FingerprintedBytes(pool=MHACanaryPool(server.kv_pool)),
     )
     buffers_hit = set()
     for seed in range(16):
@@ -167,11 +165,11 @@ def test_with_partial_real_data_the_flip_lands_in_the_row_the_verify_reads(strid
     views = _fingerprinted_bytes(server)
     names = list(views)  # K and V of the first layer, then of the last: the sources' order
     before = {name: view.clone() for name, view in views.items()}
-    real = real_data_sources(kv_pool=server.kv_pool, real_data=RealDataMode.PARTIAL,
+    real = real_data_sources(pool=MHACanaryPool(server.kv_pool), real_data=RealDataMode.PARTIAL,
                              verify_stride=stride)
     perturbation = RealKvUsedPerturbation(
         req_to_token=server.req_to_token_pool.req_to_token,
-        kv_bytes=FingerprintedBytes(kv_pool=server.kv_pool, real_data=real),
+        kv_bytes=FingerprintedBytes(pool=MHACanaryPool(server.kv_pool), real_data=real),
     )
     due_flips = 0
     for seed in range(24):

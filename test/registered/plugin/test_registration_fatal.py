@@ -33,6 +33,7 @@ _EVERYTHING = {
     "SGLANG_KV_CANARY_MODE": "log",
     "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
     "SGLANG_KV_CANARY_SWEEP_INTERVAL": "16",
+    "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
 }
 ADAPTER_MODULES = sorted(
     f"{hooks.__name__}.{info.name}" for info in pkgutil.iter_modules(hooks.__path__)
@@ -52,6 +53,14 @@ def test_the_scheduler_cache_hook_is_needed_only_with_the_sweep() -> None:
     without_sweep = {k: v for k, v in _EVERYTHING.items() if "SWEEP" not in k}
     assert target in {spec.target for spec in select_hook_specs(parse_config(_EVERYTHING))}
     assert target not in {spec.target for spec in select_hook_specs(parse_config(without_sweep))}
+
+
+def test_the_sample_hook_is_needed_only_with_a_token_check() -> None:
+    """The sampled tokens join the token history, which only the token checks read."""
+    target = "sglang.srt.model_executor.model_runner.ModelRunner.sample"
+    without_checks = {k: v for k, v in _EVERYTHING.items() if "VERIFY_TOKEN" not in k}
+    assert target in {spec.target for spec in select_hook_specs(parse_config(_EVERYTHING))}
+    assert target not in {spec.target for spec in select_hook_specs(parse_config(without_checks))}
 
 
 def test_the_padded_row_fix_is_not_needed_while_the_bug_is_reinjected() -> None:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang.srt.kv_canary.runner.batch_inputs import (
+from sglang.srt.kv_canary.batch.carrier import (
     CanaryBatchInputs,
     attach_batch_inputs,
     attach_sampling_inputs,

@@ -36,18 +36,19 @@ from sglang.srt.kv_canary.runner.canary_runner import (
     attach_canary_runner,
     runner_of,
 )
-from sglang.srt.kv_canary.runner.kernel_inputs import (
-    UnsupportedForwardModeError,
+from sglang.srt.kv_canary.batch.forward_kind import (
     ForwardKind,
-    UniformBlocks,
-    build_batch_view,
+    UnsupportedForwardModeError,
     forward_kind,
     host_prefix_lens,
 )
+from sglang.srt.kv_canary.runner.batch_view import build_batch_view
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
+from sglang.srt.kv_canary.runner.launch_accounting import LaunchAccounting
 from sglang.srt.kv_canary.runner.memory_budget import UPLOAD_STAGING_WORDS, fixed_buffers
 from sglang.srt.kv_canary.runner.model_forward import CanaryModelForward, uninstall_model_forward
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.runner.speculative import SpeculativeCanary, UniformBlocks
+from sglang.srt.kv_canary.selfcheck.scenarios import server_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,
     SimulatedRequest,
@@ -230,26 +231,63 @@ def test_eagle_graph_captures_count_their_launches_and_must_agree_across_sizes()
     """Every replay of an EAGLE draft / draft-extend graph enqueues the canary launches captured
     into it: the captures count them per graph runner, and sizes that captured a different
     count stop start-up (the health check could not balance them)."""
-    runner = CanaryRunner(config=_LOG, kernels=load_kernels(KernelBackend.TORCH_REFERENCE),
-                          model_runner=SimpleNamespace(device="cpu", is_draft_worker=True))
+    accounting = LaunchAccounting(device=torch.device("cpu"), is_capturing=lambda: True)
+    state = SimpleNamespace(device=torch.device("cpu"),
+                            owner_chains=torch.zeros(4, dtype=torch.int64))
+    speculative = SpeculativeCanary(
+        state=state, accounting=accounting, accepted_owner_resync=lambda **_: None,
+        block_rows=4, draft_tokens=3, is_draft=False, reinject_padded_row_bug=False,
+    )
 
     def capture(launches: int):
         def run() -> str:
-            runner._launches_in_capture += launches
+            for _ in range(launches):
+                accounting.count_launch()
             return "graph"
         return run
 
     extend_runner = SimpleNamespace()
-    assert runner.capture_draft_extend_graph(graph_runner=extend_runner, capture=capture(1)) \
+    assert accounting.capture_same_per_size(graph_runner=extend_runner, capture=capture(1)) \
         == "graph"
-    assert runner._launches_in_capture is None
     with pytest.raises(CanaryHealthError, match="captured 2 canary launches for one batch size "
                                                 "but 1 for another"):
-        runner.capture_draft_extend_graph(graph_runner=extend_runner, capture=capture(2))
+        accounting.capture_same_per_size(graph_runner=extend_runner, capture=capture(2))
     draft_runner = SimpleNamespace(eagle_worker=SimpleNamespace(draft_forward=lambda b: b))
-    assert runner.capture_draft_graph(graph_runner=draft_runner, capture=capture(2)) == "graph"
-    assert runner._draft_graph_launches == {id(extend_runner): 1, id(draft_runner): 2}
-    assert not runner._in_draft_capture
+    inside: list[bool] = []
+
+    def draft_capture() -> str:
+        inside.append(speculative.in_draft_capture)  # eager warm-up forwards pass by
+        return capture(2)()
+
+    assert speculative.capture_draft_graph(graph_runner=draft_runner, capture=draft_capture,
+                                           graph_ids=None) == "graph"
+    assert inside == [True]
+    assert not speculative.in_draft_capture
+    assert accounting.launches == 0  # captured launches are not enqueued ones
+    accounting.replayed_same_per_size(graph_runner=extend_runner)
+    accounting.replayed_same_per_size(graph_runner=draft_runner)
+    assert accounting.launches == 3
+
+
+def test_decode_captures_count_per_batch_size_and_replays_add_them() -> None:
+    capturing = [False]
+    accounting = LaunchAccounting(device=torch.device("cpu"), is_capturing=lambda: capturing[0])
+    graph_runner = SimpleNamespace()
+
+    def capture() -> None:
+        capturing[0] = True
+        accounting.count_launch()
+        accounting.count_publication()
+        capturing[0] = False
+
+    accounting.capture_graph(graph_runner=graph_runner, bs=8, capture=capture)
+    accounting.count_launch()  # an eager forward
+    assert (accounting.launches, accounting.publications) == (1, 0)
+    accounting.replayed(graph_runner=graph_runner, bs=8)
+    accounting.replayed(graph_runner=graph_runner, bs=4)  # never captured: nothing
+    assert (accounting.launches, accounting.publications) == (2, 1)
+    accounting.reset()
+    assert (accounting.launches, accounting.publications, accounting.sweep_launches) == (0, 0, 0)
 
 
 def test_uniform_blocks_grow_for_larger_eager_batches() -> None:
@@ -273,7 +311,7 @@ def _server(*, page_size: int = 1, config: CanaryConfig = _LOG, forward=None) ->
 
     server = SimulatedServer(page_size=page_size, num_pages=32, max_requests=8,
                              max_context_len=64, forward=forward or through_hook,
-                             init_new_hooks=init_new_hooks(config))
+                             hooks=server_hooks(config))
     install_canary_runner(model_runner=server.runner, config=config, kernels=_KERNELS)
     return server
 
@@ -291,7 +329,8 @@ def test_install_keeps_one_record_per_slot_beside_the_pool(page_size: int, caplo
     expected = [pool.k_buffer[0], pool.v_buffer[0], pool.k_buffer[-1], pool.v_buffer[-1]]
     assert [s.data_ptr() for s in state.real_data.sources] == [b.data_ptr() for b in expected]
     assert state.real_data.partial
-    assert sum("KV canary installed: records 32 B/slot" in m for m in caplog.messages) == 1
+    (line,) = [m for m in caplog.messages if m.startswith("KV canary installed: ")]
+    assert "pool MHATokenToKVPool" in line and "records 32 B/slot" in line
 
 
 def test_install_wraps_forward_keeping_its_signature_and_refuses_twice() -> None:
@@ -534,9 +573,8 @@ def test_memory_budget_hooks() -> None:
     assert available == 10**9 - expected.total
     # padding records, ring (11 fields per row), counters (13, with the publication count and
     # its checksum), owner chains (8 rows), seq_lens mirror (8 rows: no graphs), upload staging
-    # and its one-word header
     assert expected.total == (
-        4 * 32 + 100 * 11 * 8 + 13 * 8 + 8 * 8 + 8 * 8 + (1 + UPLOAD_STAGING_WORDS) * 8
+        4 * 32 + 100 * 11 * 8 + 13 * 8 + 8 * 8 + 8 * 8 + UPLOAD_STAGING_WORDS * 8
     )
 
 

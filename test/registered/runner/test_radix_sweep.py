@@ -45,9 +45,10 @@ from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.real_kv_unused_cache import RealKvUnusedCachePerturbation
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.runner.refusals import CanaryUnsupportedError
-from sglang.srt.kv_canary.runner.sweep import RadixSweep
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.errors import CanaryUnsupportedError
+from sglang.srt.kv_canary.pools.mha import MHACanaryPool
+from sglang.srt.kv_canary.runner.radix_sweep import RadixSweep
+from sglang.srt.kv_canary.selfcheck.scenarios import server_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,
     SimulatedRequest,
@@ -75,7 +76,7 @@ class _Setup:
         self.page_size = page_size
         self.server = SimulatedServer(
             page_size=page_size, num_pages=256 // page_size, max_requests=8,
-            max_context_len=64, forward=forward, init_new_hooks=init_new_hooks(config),
+            max_context_len=64, forward=forward, hooks=server_hooks(config),
         )
         self.runner: CanaryRunner = install_canary_runner(
             model_runner=self.server.runner, config=config, kernels=_KERNELS
@@ -190,7 +191,7 @@ def test_a_clean_tree_sweeps_clean_and_every_launch_is_counted(page_size, canary
     runs = setup.counter(COUNTER_KERNEL_RUNS + CheckKind.SWEEP) - sweep_runs
     assert runs >= 4  # a pass every 3 steps, each one launch (far below 32768 slots)
     assert setup.counter(COUNTER_ENTRIES + CheckKind.SWEEP) - swept == runs * len(held)
-    assert setup.counter(COUNTER_KERNEL_RUNS + CheckKind.SWEEP) == setup.runner._sweep_launches
+    assert setup.counter(COUNTER_KERNEL_RUNS + CheckKind.SWEEP) == setup.runner.accounting.sweep_launches
     assert find_violation_rows(canary_log.text) == []
     stats = [m for m in map(STATS_LINE_RE.search, canary_log.messages) if m]
     assert stats and int(stats[-1]["sweeps"]) > 0 and int(stats[-1]["swept"]) > 0
@@ -227,7 +228,7 @@ def test_an_eagle_tree_of_bigram_keys_sweeps_clean_and_finds_a_wrong_token(canar
 
 def _corrupt(setup: _Setup, *, how: str, slot: int) -> None:
     if how == "kv_byte":
-        FingerprintedBytes(kv_pool=setup.server.kv_pool).flip(
+        FingerprintedBytes(pool=MHACanaryPool(setup.server.kv_pool)).flip(
             slot=torch.tensor([slot]), rng=random.Random(5)
         )
     else:  # the record says another token was stored there
@@ -300,7 +301,7 @@ def test_the_unused_cache_perturbation_flips_one_byte_of_an_unlocked_leaf() -> N
     pool = setup.server.kv_pool
     views = [b[layer].view(b[layer].shape[0], -1).view(torch.uint8)
              for layer in (0, pool.layer_num - 1) for b in (pool.k_buffer, pool.v_buffer)]
-    perturbation = RealKvUnusedCachePerturbation(kv_bytes=FingerprintedBytes(kv_pool=pool))
+    perturbation = RealKvUnusedCachePerturbation(kv_bytes=FingerprintedBytes(pool=MHACanaryPool(pool)))
     chosen = set()
     for seed in range(12):
         before = [view.clone() for view in views]
@@ -325,14 +326,15 @@ def test_the_sweep_needs_sglangs_radix_cache() -> None:
         setup.runner.attach_radix_cache(chunk_cache)
     off = _Setup(page_size=1, config=_config(sweep_interval=0))
     off.runner.attach_radix_cache(chunk_cache)  # the sweep off: any cache is fine
-    assert off.runner._sweep is None
+    assert off.runner.sweep is None
 
 
 # ----------------------------------------------------------------------------- the pass itself
 
 
 def _sweep(setup: _Setup, *, slots_per_step: int, interval: int = 1) -> RadixSweep:
-    return RadixSweep(tree_cache=setup.tree, state=setup.state, launch=_KERNELS.sweep,
+    return RadixSweep(tree_cache=setup.tree, state=setup.state,
+                      pool=MHACanaryPool(setup.server.kv_pool), launch=_KERNELS.sweep,
                       interval=interval, slots_per_step=slots_per_step)
 
 

@@ -1,28 +1,16 @@
-"""Start-up refusals name what to change: unsupported flags, pool classes and real-data layouts
-stop the server instead of serving unchecked."""
+"""Start-up refusals name what to change: unsupported flags stop the server instead of serving
+unchecked (pools: test/registered/pools)."""
 
 import sys
 from dataclasses import dataclass
 
 import pytest
-import torch
 
-from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
+from sglang.srt.kv_canary.errors import CanaryUnsupportedError
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
-from sglang.srt.kv_canary.runner.device_state import allocate_device_state
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.runner.refusals import (
-    CanaryUnsupportedError,
-    unsupported_pools,
-    unsupported_server_args,
-)
-from sglang.srt.mem_cache.memory_pool import (
-    MHATokenToKVPool,
-    MHATokenToKVPoolFP4,
-    MLATokenToKVPool,
-    ReqToTokenPool,
-)
-from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+from sglang.srt.kv_canary.runner.refusals import unsupported_server_args
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")
@@ -118,65 +106,6 @@ def test_the_start_up_check_raises_every_reason_at_once() -> None:
 def test_flags_are_not_refused_when_only_the_oracle_is_on() -> None:
     runner = _runner_with(_ServerArgs(pp_size=2), config=CanaryConfig(enable_token_oracle=True))
     runner.refuse_unsupported_flags()
-
-
-def _req_pool() -> ReqToTokenPool:
-    return ReqToTokenPool(size=4, max_context_len=16, device="cpu", enable_memory_saver=False)
-
-
-def _mha_pool(*, head_dim: int = 8) -> MHATokenToKVPool:
-    return MHATokenToKVPool(16, page_size=1, dtype=torch.bfloat16, head_num=1,
-                            head_dim=head_dim, layer_num=1, device="cpu",
-                            enable_memory_saver=False, enable_alt_stream=False)
-
-
-def test_plain_mha_pools_are_supported() -> None:
-    assert unsupported_pools(req_to_token_pool=_req_pool(), token_to_kv_pool=_mha_pool()) == []
-
-
-@pytest.mark.parametrize(
-    ("pool_class", "advice"),
-    [
-        (MLATokenToKVPool, "MLA models"),
-        (SWAKVPool, "hybrid sliding-window"),
-        (MHATokenToKVPoolFP4, "--kv-cache-dtype other than fp4_e2m1"),
-    ],
-)
-def test_other_pool_classes_are_refused_with_advice(pool_class: type, advice: str) -> None:
-    pool = object.__new__(pool_class)  # the check looks at the class only
-    (reason,) = unsupported_pools(req_to_token_pool=_req_pool(), token_to_kv_pool=pool)
-    assert pool_class.__name__ in reason and "MHATokenToKVPool only" in reason and advice in reason
-
-
-def test_other_request_pools_are_refused() -> None:
-    class MambaLikeReqPool(ReqToTokenPool):
-        pass
-
-    pool = object.__new__(MambaLikeReqPool)
-    (reason,) = unsupported_pools(req_to_token_pool=pool, token_to_kv_pool=_mha_pool())
-    assert "MambaLikeReqPool" in reason and "ReqToTokenPool only" in reason
-
-
-def test_real_data_needs_whole_words_per_row() -> None:
-    config = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.ALL)
-    with pytest.raises(CanaryUnsupportedError, match="SGLANG_KV_CANARY_REAL_DATA=all needs"):
-        allocate_device_state(config=config, req_to_token_pool=_req_pool(),
-                              kv_pool=_mha_pool(head_dim=3))  # 6-byte rows
-    partial = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL)
-    with pytest.raises(CanaryUnsupportedError, match="set SGLANG_KV_CANARY_REAL_DATA=all"):
-        allocate_device_state(config=partial, req_to_token_pool=_req_pool(),
-                              kv_pool=_mha_pool(head_dim=4))  # 8-byte rows < 16
-    state = allocate_device_state(config=config, req_to_token_pool=_req_pool(),
-                                  kv_pool=_mha_pool(head_dim=4))
-    assert state.real_data.words_per_row == (1,) * len(state.real_data.sources)
-    assert state.real_data.verify_stride == 1
-
-
-def test_the_configured_real_data_stride_reaches_the_kernels_inputs() -> None:
-    config = CanaryConfig(mode=CanaryMode.LOG, real_data=RealDataMode.PARTIAL, real_data_stride=4)
-    state = allocate_device_state(config=config, req_to_token_pool=_req_pool(),
-                                  kv_pool=_mha_pool(head_dim=8))
-    assert state.real_data.verify_stride == 4 and state.real_data.partial
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
-"""The seq_lens mirror through the real runner: the scheduler's ``seq_lens_cpu`` travels with the
-batch's carrier (``ForwardBatch.init_new``), is uploaded into the runner's persistent mirror
-before the forward, and the pre launch compares it with the device ``seq_lens`` the forward
-uses. A ForwardBatch whose device ``seq_lens`` differs from ``seq_lens_cpu`` is reported with
+"""The seq_lens mirror through the real runner: the scheduler's ``seq_lens_cpu`` of the batch is
+uploaded into the runner's persistent mirror before the forward, and the pre launch compares it
+with the device ``seq_lens`` the forward uses. A ForwardBatch whose device ``seq_lens`` differs from ``seq_lens_cpu`` is reported with
 ``verify_seq_lens`` for that row (slot 0, position = the device value, stored / expected chain =
 device / host value); rows that agree, padded graph rows and clean forwards report nothing."""
 
@@ -15,7 +14,7 @@ from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, RealDataMode
 from sglang.srt.kv_canary.hooks.model_runner import around_forward
 from sglang.srt.kv_canary.monitor.violations import find_violation_rows
 from sglang.srt.kv_canary.runner.kernels import KernelBackend, load_kernels
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.selfcheck.scenarios import server_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     SimulatedModelRunner,
     SimulatedRequest,
@@ -56,7 +55,7 @@ def _server(caplog, drift: _Drift) -> tuple[SimulatedServer, object]:
         return around_forward(SimulatedModelRunner.forward, server.runner, batch)
 
     server = SimulatedServer(page_size=1, num_pages=64, max_requests=6, max_context_len=32,
-                             forward=forward, init_new_hooks=init_new_hooks(_CONFIG))
+                             forward=forward, hooks=server_hooks(_CONFIG))
     runner = install_canary_runner(model_runner=server.runner, config=_CONFIG,
                                    kernels=load_kernels(KernelBackend.TORCH_REFERENCE))
     return server, runner
@@ -122,30 +121,29 @@ def test_the_mirror_holds_the_scheduler_values_of_the_last_forward(caplog) -> No
     requests = _requests(server, [5, 3])
     server.extend([(r, len(r.prompt)) for r in requests])
     server.decode(requests)
-    mirror = runner._host_seq_lens  # the runner's persistent device buffer
+    mirror = runner.uploader.seq_lens_mirror  # the runner's persistent device buffer
     assert mirror[:2].tolist() == [6, 4]
-    staging = runner._staging
+    address = mirror.data_ptr()
     server.decode(requests[1:], padded_rows=2)
-    assert mirror[:1].tolist() == [5]  # the live row; rows past it hold the rest of the upload
-    # never reallocated: captured graphs keep reading it, after the upload area's header
-    assert runner._host_seq_lens is mirror and runner._staging is staging
-    assert mirror.data_ptr() == staging.data_ptr() + 8
+    assert mirror[:1].tolist() == [5]  # the live row; rows past it keep older values
+    # never reallocated: captured graphs keep reading it
+    assert runner.uploader.seq_lens_mirror is mirror and mirror.data_ptr() == address
     assert _rows(caplog, runner) == []
 
 
-def test_every_live_mode_carries_the_seq_lens_section(caplog) -> None:
-    """The carrier of every EXTEND, MIXED and DECODE batch holds ``seq_lens_cpu``."""
+def test_every_live_mode_uploads_the_scheduler_seq_lens(caplog) -> None:
+    """Before every EXTEND, MIXED and DECODE forward the mirror's first rows are the batch's
+    ``seq_lens_cpu`` (a decode step uploads nothing else)."""
     seen: list[tuple[ForwardMode, list[int], list[int]]] = []
     server, runner = _server(caplog, _Drift())
     original = server.forward
 
     def recording(batch: ForwardBatch) -> object:
-        from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
-
-        updates = batch_inputs_of(batch).row_updates
-        seen.append((batch.forward_mode, updates.seq_lens.values.tolist(),
+        result = original(batch)
+        rows = batch.batch_size
+        seen.append((batch.forward_mode, runner.uploader.seq_lens_mirror[:rows].tolist(),
                      batch.seq_lens_cpu.tolist()))
-        return original(batch)
+        return result
 
     server.forward = recording
     first, second = _requests(server, [6, 3])
@@ -161,9 +159,10 @@ def test_every_live_mode_carries_the_seq_lens_section(caplog) -> None:
 
 
 def test_layouts_that_alternate_are_cut_from_the_upload_area_once(caplog, monkeypatch) -> None:
-    """Batch-1 requests, one after another, alternate between a prefill's upload layout and its
-    decode step's: each layout's sections are cut from the upload area once and reused, and
-    they still read each forward's own upload (a drift in a late request is reported)."""
+    """Batch-1 requests, one after another, upload the same layout per prefill (a fresh new
+    owner's chain; owner chains only): its sections are cut from the upload area once and
+    reused, and they still read each forward's own upload (a drift in a late request is
+    reported); the decode steps upload no row updates at all."""
     from sglang.srt.kv_canary.runner.request_rows import RowUpdates
 
     drift = _Drift()
@@ -172,7 +171,7 @@ def test_layouts_that_alternate_are_cut_from_the_upload_area_once(caplog, monkey
     sections_on = RowUpdates.sections_on
 
     def counting(updates: RowUpdates, device_packed):
-        if device_packed.data_ptr() == runner._staging.data_ptr():  # cut from the area
+        if device_packed is not updates.packed:  # a device copy, not the host's inspection
             cuts.append(updates.segment_sizes)
         return sections_on(updates, device_packed)
 
@@ -187,7 +186,7 @@ def test_layouts_that_alternate_are_cut_from_the_upload_area_once(caplog, monkey
         server.extend([(request, 5)])
         server.decode([request])
         server.finish(request)
-    assert len(cuts) == len(set(cuts)) == 2  # the prefill's layout and the decode step's
+    assert len(cuts) == len(set(cuts)) == 1
     (row,) = _rows(caplog, runner)
     assert (row.reasons, row.step, row.stored_chain, row.expected_chain) == (
         int(Reason.VERIFY_SEQ_LENS), drift.step, 6, 5

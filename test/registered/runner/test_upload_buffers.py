@@ -111,7 +111,7 @@ def test_request_rows_pack_into_the_ring() -> None:
     updates = rows.prepare(reqs=[Req()], prefix_lens=[2], seq_lens=[3])
     assert updates.upload_buffer.slot == 0
     assert updates.packed.data_ptr() == ring._buffers[0].data_ptr()
-    assert updates.token_history.req_all_ids_flat.tolist() == [1, 2, 3]
+    assert updates.host_sections.history.req_all_ids_flat.tolist() == [1, 2, 3]
 
 
 @pytest.mark.gpu

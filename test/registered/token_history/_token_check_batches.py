@@ -21,7 +21,7 @@ from sglang.srt.kv_canary.hooks.model_runner import around_forward
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.selfcheck.scenarios import server_hooks, install_canary_runner
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
     SimulatedModelRunner,
@@ -67,7 +67,7 @@ def token_check_server(
 
     server = SimulatedServer(
         page_size=4, num_pages=48, max_requests=8, max_context_len=96, forward=through_hook,
-        init_new_hooks=init_new_hooks(config),
+        hooks=server_hooks(config),
         sampler=OracleSampler(vocab_size=VOCAB_SIZE) if config.enable_token_oracle else None,
     )
     runner = install_canary_runner(model_runner=server.runner, config=config, kernels=kernels)

@@ -1,14 +1,14 @@
 """The token checks wired into the model runner's canary, on CPU against SGLang's own objects.
 
-* The ``ForwardBatch.init_new`` adapter: the batch's carrier holds the request-row updates (the
-  token history to upload) only with a token check on, and, write-input assert on, the prompt
-  lengths of an EXTEND/MIXED batch; on real ForwardBatch objects made by the real
+* The ``ForwardBatch.init_new`` adapter: an extend batch's carrier holds the request-row updates
+  (new owners' histories only with a token check on) and, write-input assert on, its requests; on real ForwardBatch objects made by the real
   ``init_new``; applied by SGLang's HookRegistry to the real classmethod (``batch`` as a keyword
   too).
-* ``run_forward`` uploads the history before the forward (a new owner's after the model is
-  enqueued, before the post launch); a decode step's one token per row is appended by the
-  in-forward part (what graph capture records and replays) from the uploaded area, never from
-  a batch's own carrier, and the kernels read only the persistent history tensors.
+* ``run_forward`` uploads a new owner's history (after the model is enqueued, before the post
+  launch); every sampled token is appended on the device after ``ModelRunner.sample`` (a
+  chunk's discarded sample never), a decode step reads no request, and the in-forward part
+  (what graph capture records and replays) reads only the persistent history tensors, never a
+  batch's own carrier.
 * Verify-token reports a slot holding a token the request never had; the write-input assert
   compares prompt tokens with the request's tokens sent with the batch and generated tokens
   (also in MIXED batches) with the oracle; the history alone (verify-token off) is only the
@@ -39,6 +39,7 @@ from _token_check_batches import (
 )
 
 from sglang.jit_kernel.kv_canary.consts import (
+    COUNTER_VIOLATIONS,
     FIELD_TOKEN_POSITION,
     NUM_COUNTERS,
     RECORD_BYTES,
@@ -52,7 +53,7 @@ from sglang.srt.kv_canary.hook_targets import select_hook_specs
 from sglang.srt.kv_canary.hooks.forward_batch import after_init_new
 from sglang.srt.kv_canary.hooks.model_runner import reserve_fixed_bytes
 from sglang.srt.kv_canary.monitor.violations import find_violation_rows
-from sglang.srt.kv_canary.runner.batch_inputs import (
+from sglang.srt.kv_canary.batch.carrier import (
     CanaryBatchInputs,
     attach_batch_inputs,
     batch_inputs_of,
@@ -69,6 +70,7 @@ from sglang.srt.kv_canary.runner.memory_budget import (
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
     SimulatedRequest,
+    ServerHooks,
     SimulatedServer,
 )
 from sglang.srt.kv_canary.token_history.write_expectations import (
@@ -154,13 +156,13 @@ def test_the_carrier_holds_histories_only_with_a_token_check(changes, history,
     forward_batch = _real_forward_batch(server, sglang_reqs([[5, 6, 7]]), mode=ForwardMode.EXTEND,
                                         prefix_lens=[0], monkeypatch=monkeypatch)
     inputs = batch_inputs_of(forward_batch)
-    # Every live batch carries row updates now (the seq_lens mirror and the owner chains are
-    # always uploaded); the token history rides along only with a token check.
+    # An extend batch with a new owner carries row updates (its owner chain is always sent);
+    # the token history rides along only with a token check.
     updates = inputs.row_updates
     assert updates is not None
-    assert updates.seq_lens.values.tolist() == forward_batch.seq_lens_cpu.tolist() == [3]
-    assert updates.owners is not None and updates.owners.rows.tolist() == [1]
-    assert (updates.token_history is not None) is history
+    sections = updates.host_sections
+    assert sections.owners is not None and sections.owners.rows.tolist() == [1]
+    assert (sections.history is not None) is history
     assert hasattr(forward_batch, "req_all_ids_flat") is history
 
 
@@ -170,14 +172,15 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
     extend = _real_forward_batch(server, reqs, mode=ForwardMode.EXTEND, prefix_lens=[0, 1],
                                  monkeypatch=monkeypatch)
     inputs = batch_inputs_of(extend)
-    history = inputs.row_updates.token_history
+    history = inputs.row_updates.host_sections.history
+    owners = inputs.row_updates.host_sections.owners
     # Both rows have new owners: before the forward the device only forgets each row's previous
     # owner (known length 0, chain unknown); their tokens are read once the model is enqueued.
     assert history.req_pool_indices.tolist() == [1, 2]
     assert history.req_all_ids_lens.tolist() == [0, 0]
     assert history.req_all_ids_flat.tolist() == []
-    assert inputs.row_updates.owners.rows.tolist() == [1, 2]
-    assert inputs.row_updates.owners.values.tolist() == [UNKNOWN_OWNER_CHAIN] * 2
+    assert owners.rows.tolist() == [1, 2]
+    assert owners.values.tolist() == [UNKNOWN_OWNER_CHAIN] * 2
     for public, section in ((extend.req_all_ids_flat, history.req_all_ids_flat),
                             (extend.req_all_ids_lens, history.req_all_ids_lens)):
         # the public views: the same words of the host upload buffer as the sections
@@ -186,19 +189,20 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
     # kept for the expectations, built after the model is enqueued
     assert [id(req) for req in inputs.extend_reqs] == [id(req) for req in reqs]
     deferred = runner.request_rows.prepare_deferred(inputs.row_updates.deferred)
-    assert deferred.token_history.req_all_ids_lens.tolist() == [3, 3]
-    assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7, 8, 9, 10]
+    late = deferred.host_sections
+    assert late.history.req_all_ids_lens.tolist() == [3, 3]
+    assert late.history.req_all_ids_flat.tolist() == [5, 6, 7, 8, 9, 10]
     assert [(row, tokens.tolist()) for row, tokens in deferred.read_whole] == [
         (1, [5, 6, 7]), (2, [8, 9, 10])]
     # a's seed is the anchor (no cached prefix): only b's prefix is checked
-    assert deferred.admissions.rows.tolist() == [2]
-    assert deferred.admissions.prefix_lens.tolist() == [1]
+    assert late.admissions.rows.tolist() == [2]
+    assert late.admissions.prefix_lens.tolist() == [1]
     # the write-input assert's expectations: a's prompt tokens at positions 0-2, b's at 1, and
     # at b's generated position 2 the oracle's token (its input was b's first output)
-    tokens, positions = runner._extend_expectations(forward_batch=extend,
-                                                    admitted=deferred).tolist()
-    assert positions == [0, 1, 2, 1, 2]
-    assert tokens == [5, 6, 7, 9, _oracle_token(reqs[1], 2)]
+    tokens, positions = runner.token_checks.post_expectations(extend, inputs=inputs,
+                                                              admitted=deferred)
+    assert positions.tolist() == [0, 1, 2, 1, 2]
+    assert tokens.tolist() == [5, 6, 7, 9, _oracle_token(reqs[1], 2)]
 
     # what the uploads before the forward and after the model's enqueue do
     runner.request_rows.commit(inputs.row_updates)
@@ -206,9 +210,8 @@ def test_init_new_hook_snapshots_real_forward_batches(monkeypatch) -> None:
     reqs[0].output_ids.append(11)
     decode = _real_forward_batch(server, reqs, mode=ForwardMode.DECODE, monkeypatch=monkeypatch)
     inputs = batch_inputs_of(decode)
-    history = inputs.row_updates.token_history
-    assert history.req_all_ids_flat.tolist() == [11]  # incremental: only what the pool lacks
-    assert history.req_all_ids_lens.tolist() == [4, 3]
+    # a decode step reads no request: its tokens are appended on the device after sampling
+    assert inputs.row_updates is None and not hasattr(decode, "req_all_ids_flat")
     assert inputs.extend_reqs is None  # decode rows: the oracle decides, in the forward
 
 
@@ -219,7 +222,7 @@ def test_without_the_write_input_assert_no_expectations_are_attached(monkeypatch
     inputs = batch_inputs_of(extend)
     assert extend.req_all_ids_flat.tolist() == []  # a new owner: deferred
     deferred = server.runner.kv_canary.request_rows.prepare_deferred(inputs.row_updates.deferred)
-    assert deferred.token_history.req_all_ids_flat.tolist() == [5, 6, 7]
+    assert deferred.host_sections.history.req_all_ids_flat.tolist() == [5, 6, 7]
     assert inputs.extend_reqs is None
 
 
@@ -252,7 +255,7 @@ def test_hook_registry_applies_the_hook_to_the_real_classmethod() -> None:
                                           sglang_reqs, token_check_server, token_config)
         from sglang.srt.kv_canary import hook_targets
         from sglang.srt.kv_canary.hook_registration import register_hooks, verify_hooks_applied
-        from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
+        from sglang.srt.kv_canary.batch.carrier import batch_inputs_of
         from sglang.srt.plugins.hook_registry import HookRegistry
         from sglang.srt.model_executor import forward_batch_info
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -285,10 +288,16 @@ def test_run_forward_refreshes_the_history_before_the_forward() -> None:
     """A continuing row's tokens are on the device before the model forward; a new owner's
     (deferred admission: a fresh prompt, or a chunk of one) arrive after the model is enqueued,
     before the post launch, which checks the written inputs."""
-    server, runner = token_check_server(token_config())
-    history = runner.token_history
     seen = []
     post_saw = []
+
+    def recording_post_forward(*, state, batch):
+        post_saw.append(batch.token_history_lens.tolist())
+        KERNELS.post_forward(state=state, batch=batch)
+
+    server, runner = token_check_server(
+        token_config(), kernels=dataclasses.replace(KERNELS, post_forward=recording_post_forward))
+    history = runner.token_checks.history
     wrapper = server.runner.model.forward
     model_forward = wrapper.original
 
@@ -296,21 +305,15 @@ def test_run_forward_refreshes_the_history_before_the_forward() -> None:
         seen.append(history.lens.tolist())  # what the model's forward finds
         return model_forward(input_ids, positions, forward_batch)
 
-    post_forward = runner._kernels.post_forward
-
-    def recording_post_forward(*, state, batch):
-        post_saw.append(history.lens.tolist())
-        post_forward(state=state, batch=batch)
-
     wrapper.original = recording_model_forward
-    runner._kernels = dataclasses.replace(runner._kernels, post_forward=recording_post_forward)
     first = _request(server, "a", _prompt(1, 5))
     server.extend([(first, 5)])
     assert seen[-1][first.req_pool_idx] == 0  # a new owner: not before the model
     assert post_saw[-1][first.req_pool_idx] == 5  # but before the post launch
     server.decode([first])
     assert seen[-1][first.req_pool_idx] == 6  # the first output token, sampled at prefill
-    assert history.tokens[first.req_pool_idx, :7].tolist() == first.tokens[:6] + [0]
+    # and after the decode step its own sample too (appended on the device)
+    assert history.tokens[first.req_pool_idx, :8].tolist() == first.tokens[:7] + [0]
     chunked = _request(server, "b", _prompt(40, 8))
     server.extend([(chunked, 3)])
     assert seen[-1][chunked.req_pool_idx] == 0  # a new owner written in part: the same
@@ -322,10 +325,7 @@ def test_an_extend_forwards_expectations_reach_the_post_launch_only() -> None:
     expectations (the pre launch does not check an extend layout's inputs); they are built once
     the model forward is enqueued and go to the post launch, which compares them. A decode
     forward's (computed in the forward) go to the pre launch."""
-    server, runner = token_check_server(token_config())
     events = []
-    wrapper = server.runner.model.forward
-    model_forward = wrapper.original
 
     def recording_model_forward(input_ids, positions, forward_batch):
         events.append("model")
@@ -338,10 +338,12 @@ def test_an_extend_forwards_expectations_reach_the_post_launch_only() -> None:
             kernel(state=state, batch=batch)
         return recorded
 
+    server, runner = token_check_server(token_config(), kernels=dataclasses.replace(
+        KERNELS, pre_forward=launch("pre", KERNELS.pre_forward),
+        post_forward=launch("post", KERNELS.post_forward)))
+    wrapper = server.runner.model.forward
+    model_forward = wrapper.original
     wrapper.original = recording_model_forward
-    runner._kernels = dataclasses.replace(
-        runner._kernels, pre_forward=launch("pre", runner._kernels.pre_forward),
-        post_forward=launch("post", runner._kernels.post_forward))
     a, b = _request(server, "a", _prompt(3, 4)), _request(server, "b", _prompt(4, 6))
     server.extend([(a, 4)])
     assert events == [("pre", None), "model", ("post", a.tokens[:4])]
@@ -372,7 +374,7 @@ def test_the_in_forward_part_never_refreshes_the_history_from_the_batch() -> Non
                                         kernels=_recording(KERNELS, views))
     request = _request(server, "a", _prompt(2, 6))
     server.extend([(request, 6)])
-    history = runner.token_history
+    history = runner.token_checks.history
     before = (history.tokens.clone(), history.lens.clone())
     batch = ForwardBatch(
         forward_mode=ForwardMode.DECODE, batch_size=1,
@@ -381,8 +383,9 @@ def test_the_in_forward_part_never_refreshes_the_history_from_the_batch() -> Non
         seq_lens=torch.tensor([7]), out_cache_loc=torch.tensor([0]), seq_lens_sum=7,
         positions=torch.tensor([6]), token_to_kv_pool=server.kv_pool,
     )
+    request.retraction_count += 1  # a new owner of the same row: its whole history to send
     updates = runner.request_rows.prepare(reqs=[request], prefix_lens=[6], seq_lens=[7])
-    assert updates.token_history.req_all_ids_flat.tolist() == [request.output[0]]
+    assert updates.host_sections.history.req_all_ids_flat.tolist() == request.tokens
     attach_batch_inputs(batch, CanaryBatchInputs(runner=runner, row_updates=updates))
     server.runner.model.forward(batch.input_ids, batch.positions, batch)  # never uploaded
     assert torch.equal(history.tokens, before[0])
@@ -410,62 +413,93 @@ def _counting(kernels: CanaryKernels, calls: dict[str, int]) -> CanaryKernels:
     )
 
 
-def test_decode_steps_append_one_token_per_row_and_other_forwards_scatter() -> None:
-    """A decode step whose rows each add one token is applied by the append launch before the
-    pre launch (what decode graphs capture), not by the scatter; a step that brings a whole
-    history (a new row) or several tokens for a row is scattered. The history stays exact."""
+def test_sampled_tokens_are_appended_on_the_device_and_new_owners_scattered() -> None:
+    """Each sampled forward appends its rows' tokens with one launch after the sample; the host
+    scatters only new owners' histories (a reset before the model, the whole history after it);
+    a decode step sends nothing from the host. The history stays exact: every token, the last
+    sampled one included."""
     calls: dict[str, int] = {}
     server, runner = token_check_server(token_config(write_input=False),
                                         kernels=_counting(KERNELS, calls))
+    history = runner.token_checks.history
     a, b = _request(server, "a", _prompt(1, 6)), _request(server, "b", _prompt(2, 5))
     server.extend([(a, 6), (b, 5)])
-    # the rows reset before the model, the new owners' whole histories after it (deferred)
-    assert calls == {"scatter": 2}
+    assert calls == {"scatter": 2, "append": 1}
 
     def assert_exact(*requests: SimulatedRequest) -> None:
         for r in requests:
-            known = r.tokens[:-1]  # the last decode's upload predates the token it sampled
-            assert runner.token_history.lens[r.req_pool_idx].item() == len(known)
-            assert runner.token_history.tokens[r.req_pool_idx, : len(known)].tolist() == known
+            assert history.lens[r.req_pool_idx].item() == len(r.tokens)
+            assert history.tokens[r.req_pool_idx, : len(r.tokens)].tolist() == r.tokens
 
+    assert_exact(a, b)
     for step in range(1, 5):
         server.decode([a, b])
-        assert calls == {"scatter": 2, "append": step}
+        assert calls == {"scatter": 2, "append": 1 + step}
         assert_exact(a, b)
     c = _request(server, "c", _prompt(3, 4))
-    server.extend([(c, 4)], decoding=[a, b])  # MIXED: c's whole history, a and b one token
-    assert calls == {"scatter": 4, "append": 4}  # a and b's before the model, c's after it
+    server.extend([(c, 4)], decoding=[a, b])  # MIXED: c's whole history, a and b nothing
+    assert calls == {"scatter": 4, "append": 6}
     server.decode([a, b, c])
-    assert calls == {"scatter": 4, "append": 5}
+    assert calls == {"scatter": 4, "append": 7}
     assert_exact(a, b, c)
-    assert runner._pending_unit_append == 0
 
 
-def test_an_upload_that_adds_no_token_launches_no_scatter() -> None:
-    """The first decode step after a prefill under overlap scheduling is prepared before the
-    prefill's token is known: its upload changes no history, so it launches neither the
-    scatter nor the append, and the history stays exact."""
-    calls: dict[str, int] = {}
-    server, runner = token_check_server(token_config(write_input=False),
-                                        kernels=_counting(KERNELS, calls))
-    a = _request(server, "a", _prompt(1, 6))
-    server.extend([(a, 6)])
-    before = dict(calls)
-    sampled = a.output_ids.pop()  # the prefill's token is not in output_ids yet
-    updates = runner.request_rows.prepare(reqs=[a], prefix_lens=[6], seq_lens=[7])
-    a.output_ids.append(sampled)
-    assert updates.history_unchanged
-    runner._apply_row_updates(updates)
-    assert calls == before and runner._pending_unit_append == 0
-    assert runner.token_history.lens[a.req_pool_idx].item() == 6
-    assert runner.token_history.tokens[a.req_pool_idx, :6].tolist() == a.tokens[:6]
+def test_a_chunk_s_discarded_sample_never_enters_the_history() -> None:
+    """A chunked prefill samples a token SGLang discards: its row already knows the prompt
+    beyond that position, so the append leaves the prompt as it is."""
+    server, runner = token_check_server(token_config(write_input=False))
+    history = runner.token_checks.history
+    request = _request(server, "long", _prompt(5, 12))
+    server.extend([(request, 4)])
+    server.extend([(request, 4)])
+    assert history.lens[request.req_pool_idx].item() == 12
+    assert history.tokens[request.req_pool_idx, :12].tolist() == request.prompt
+    server.extend([(request, 4)])  # the last chunk: its sample is the first output
+    assert request.output and history.lens[request.req_pool_idx].item() == 13
+    assert history.tokens[request.req_pool_idx, :13].tolist() == request.tokens
+
+
+def test_a_decode_step_reads_no_request(monkeypatch) -> None:
+    """The steady decode step's host work touches no request: ``RequestRows.prepare`` is not
+    called."""
+    from sglang.srt.kv_canary.runner.request_rows import RequestRows
+
+    server, runner = token_check_server(token_config())
+    requests = [_request(server, f"r{i}", _prompt(i, 5)) for i in range(3)]
+    server.extend([(r, 5) for r in requests])
+
+    def no_prepare(*args, **kwargs):
+        raise AssertionError("a decode step prepared row updates")
+
+    monkeypatch.setattr(RequestRows, "prepare", no_prepare)
+    for _ in range(3):
+        server.decode(requests)
+    assert int(runner.state.counters[COUNTER_VIOLATIONS]) == 0
+
+
+def test_a_token_consumed_other_than_the_one_sampled_is_caught_without_the_oracle(
+        caplog_canary) -> None:
+    """The scheduler feeds a decode row another token than the sampler produced (the history
+    holds the sampled one, appended on the device): verify-token reports the slot, with no
+    oracle and no write-input assert."""
+    server, runner = token_check_server(token_config(write_input=False))
+    request = _request(server, "a", _prompt(6, 5))
+    server.extend([(request, 5)])
+    sampled = request.output[-1]
+    request.output[-1] = (sampled + 1) % VOCAB_SIZE  # what the next forward will consume
+    server.decode([request])
+    server.decode([request])
+    _poll(runner)
+    rows = _rows(caplog_canary)
+    assert rows and all(r.position == 5 and r.reasons == Reason.VERIFY_TOKEN
+                        and r.expected_token == sampled for r in rows)
 
 
 def test_a_live_batch_without_row_updates_fails_loudly() -> None:
     server, _ = token_check_server(token_config(write_input=False), forward=None)
-    server.init_new_hooks = ()  # the init_new hook "did not run"
+    server.hooks = ServerHooks()  # the init_new hook "did not run"
     request = _request(server, "a", _prompt(3, 4))
-    with pytest.raises(RuntimeError, match="carries no request-row updates"):
+    with pytest.raises(RuntimeError, match="carries no canary inputs"):
         server.extend([(request, 4)])
 
 
@@ -477,10 +511,11 @@ def test_an_upload_larger_than_the_staging_area_is_sent_in_full() -> None:
     prompt = _prompt(9, UPLOAD_STAGING_WORDS + 10)
     request = _request(server, "long", prompt)
     server.extend([(request, 4)])  # the first chunk of a chunked prefill
-    width = runner.token_history.tokens.shape[1]
-    assert runner.token_history.lens[request.req_pool_idx].item() == len(prompt)
-    assert runner.token_history.tokens[request.req_pool_idx].tolist() == prompt[:width]
-    assert runner._host_seq_lens[:1].tolist() == [4]
+    history = runner.token_checks.history
+    width = history.tokens.shape[1]
+    assert history.lens[request.req_pool_idx].item() == len(prompt)
+    assert history.tokens[request.req_pool_idx].tolist() == prompt[:width]
+    assert runner.uploader.seq_lens_mirror[:1].tolist() == [4]
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -536,13 +571,22 @@ def test_write_input_compares_prompt_tokens_with_the_request_s_own(caplog_canary
 
 
 def test_write_input_predicts_the_generated_tokens_of_mixed_batches(caplog_canary) -> None:
-    """A decode row inside a MIXED batch consuming a token the oracle did not emit (the history
-    has it, as after a next-token swap): only the write-input assert can see it."""
+    """A decode row inside a MIXED batch consuming a token the oracle did not emit, sampled so
+    (the history has it, as after a next-token swap): only the write-input assert can see it."""
     server, runner = token_check_server(token_config())
+    oracle_tokens: list[int] = []
+    sample = server.sampler.sample
+
+    def swapping_sample(rows, *, step):
+        tokens = sample(rows, step=step)
+        if rows and rows[0][0].rid == "dec" and not oracle_tokens:
+            oracle_tokens.append(tokens[0])
+            tokens[0] = (tokens[0] + 1) % VOCAB_SIZE  # the sampler's exit emits another one
+        return tokens
+
+    server.sampler.sample = swapping_sample
     decoding = _request(server, "dec", _prompt(6, 5))
     server.extend([(decoding, 5)])
-    oracle_token = decoding.output[-1]
-    decoding.output[-1] = (oracle_token + 1) % VOCAB_SIZE  # the scheduler recorded a foreign one
     chunked = _request(server, "chunk", _prompt(7, 9))
     server.extend([(chunked, 4)], decoding=[decoding])  # MIXED
     _poll(runner)
@@ -550,7 +594,7 @@ def test_write_input_predicts_the_generated_tokens_of_mixed_batches(caplog_canar
     _poll(runner)
     rows = _rows(caplog_canary)
     assert [(r.check, r.position, r.reasons, r.expected_token) for r in rows] == [
-        (CheckKind.WRITE, 5, Reason.WRITE_TOKEN, oracle_token)
+        (CheckKind.WRITE, 5, Reason.WRITE_TOKEN, oracle_tokens[0])
     ]
 
 
@@ -738,9 +782,8 @@ def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
     assert max_tokens_per_forward(server_args, max_running_requests=64) == 16384
 
     # padding record, counters, owner chains (33 rows), the seq_lens mirror (max(33 request
-    # rows, 256 graph rows)), upload staging and its one-word header
-    base = (1 * RECORD_BYTES + NUM_COUNTERS * 8 + 33 * 8 + 256 * 8
-            + (1 + UPLOAD_STAGING_WORDS) * 8)
+    # rows, 256 graph rows)), upload staging
+    base = 1 * RECORD_BYTES + NUM_COUNTERS * 8 + 33 * 8 + 256 * 8 + UPLOAD_STAGING_WORDS * 8
     history = 33 * 4103 * 4 + 33 * 8
     write_expectations = 16384 * 2 * 8
     graph_ids = 256 * (2 * 8 + 4)  # int64 rids + rooms, int32 next token per graph row
@@ -776,13 +819,13 @@ def test_the_reservation_covers_what_is_allocated() -> None:
     server, runner = token_check_server(token_config())
     server.runner.server_args = dataclasses.replace(
         server.runner.server_args, max_running_requests=server.runner.max_running_requests)
-    reserved = runner.fixed_buffers(page_size=server.page_size)
-    history = runner.token_history
+    reserved = runner.memory.fixed_buffers(page_size=server.page_size)
+    history = runner.token_checks.history
     allocated = {
         "ring": runner.state.ring.numel() * 8,
         "counters": runner.state.counters.numel() * 8,
         "token_history": history.tokens.numel() * 4 + history.lens.numel() * 8,
-        "write_expectations": runner.write_expectations.capacity * 2 * 8,
+        "write_expectations": runner.token_checks.expectations.capacity * 2 * 8,
     }
     for name, size in allocated.items():
         assert 0 < size <= getattr(reserved, name), name
@@ -797,9 +840,9 @@ def test_the_reservation_covers_what_is_allocated() -> None:
     assert owned["records"] == runner.state.num_slots * RECORD_BYTES
 
 
-def test_decode_steps_of_one_batch_reuse_the_cut_upload_sections(monkeypatch) -> None:
-    """The upload's sections are cut from the staging area once per layout: the decode steps
-    of an unchanged batch (same sizes every step) reuse them, and the history stays exact."""
+def test_decode_steps_upload_no_row_sections(monkeypatch) -> None:
+    """The decode steps of a batch upload the seq_lens mirror only: no row section is cut or
+    copied, and the history stays exact (appended on the device)."""
     server, runner = token_check_server(token_config(write_input=False))
     requests = [_request(server, rid, _prompt(seed, 6)) for seed, rid in ((1, "a"), (2, "b"))]
     server.extend([(r, 6) for r in requests])
@@ -814,11 +857,11 @@ def test_decode_steps_of_one_batch_reuse_the_cut_upload_sections(monkeypatch) ->
     monkeypatch.setattr(RowUpdates, "sections_on", counting_sections_on)
     for _ in range(5):
         server.decode(requests)
-    assert len(cuts) == 1
+    assert cuts == []
+    history = runner.token_checks.history
     for r in requests:
-        history = r.tokens[:-1]  # the last decode's upload predates the token it sampled
-        assert runner.token_history.lens[r.req_pool_idx].item() == len(history)
-        assert runner.token_history.tokens[r.req_pool_idx, : len(history)].tolist() == history
+        assert history.lens[r.req_pool_idx].item() == len(r.tokens)
+        assert history.tokens[r.req_pool_idx, : len(r.tokens)].tolist() == r.tokens
 
 
 if __name__ == "__main__":

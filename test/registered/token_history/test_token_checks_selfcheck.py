@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang.jit_kernel.kv_canary.consts import COUNTER_VIOLATIONS
-from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
+from sglang.srt.kv_canary.runner.token_checks import TokenChecks
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.scenarios import default_scenarios, run_scenario
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -104,14 +104,16 @@ def test_without_the_prompt_tokens_and_the_history_prompt_token_faults_are_misse
     """Take both sources of a prompt token's expectation away (the tokens sent with the batch,
     the history fallback): an input_ids fault on a prompt token (which the oracle does not
     predict) is then not reported in its own forward."""
-    original = CanaryRunner._extend_expectations
+    original = TokenChecks.post_expectations
 
-    def no_prompt_tokens(self, **kwargs):
-        expectations = original(self, **kwargs).clone()
-        expectations[0] = -1  # no token expectation (positions stay)
-        return expectations
+    def no_prompt_tokens(self, forward_batch, **kwargs):
+        expected = original(self, forward_batch, **kwargs)
+        if expected is None:
+            return None
+        tokens, positions = expected
+        return torch.full_like(tokens, -1), positions  # no token expectation (positions stay)
 
-    monkeypatch.setattr(CanaryRunner, "_extend_expectations", no_prompt_tokens)
+    monkeypatch.setattr(TokenChecks, "post_expectations", no_prompt_tokens)
     outcome = run_scenario(_SCENARIOS["input_ids fault, token checks"], page_size=4,
                            kernels=_kernels_writing_without_history())
     assert not outcome.passed and "missed" in outcome.detail

@@ -20,23 +20,28 @@ register_cuda_ci(est_time=40, suite="kv-canary-gpu")
 _DEVICE = "cuda"
 
 
-def _synced(*, incremental: bool, rows: int, width: int) -> SyncedHistory:
+def _synced(*, history_tails: bool, rows: int, width: int) -> SyncedHistory:
     from sglang.jit_kernel.kv_canary.append_history import launch_append_history_tokens
     from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (
         launch_scatter_req_token_ids_kernel,
     )
 
-    return SyncedHistory(incremental=incremental, rows=rows, width=width, device=_DEVICE,
+    return SyncedHistory(history_tails=history_tails, rows=rows, width=width, device=_DEVICE,
                          scatter=launch_scatter_req_token_ids_kernel,
                          append=launch_append_history_tokens)
 
 
+def _prepare(synced: SyncedHistory, reqs: list[FakeReq]):
+    lens = [len(req.history()) for req in reqs]
+    return synced.rows.prepare(reqs=reqs, prefix_lens=[0] * len(reqs), seq_lens=lens)
+
+
 @pytest.mark.gpu
 def test_uploads_are_pinned() -> None:
-    synced = _synced(incremental=True, rows=3, width=8)
+    synced = _synced(history_tails=False, rows=3, width=8)
     req = FakeReq("a", [1, 2, 3])
     req.req_pool_idx = 1
-    updates = synced.prepare([req])
+    updates = _prepare(synced, [req])
     assert updates.packed.is_pinned()
     synced.upload(updates)
     torch.cuda.synchronize()
@@ -44,20 +49,20 @@ def test_uploads_are_pinned() -> None:
 
 
 @pytest.mark.gpu
-def test_incremental_and_full_give_identical_histories_over_a_schedule() -> None:
-    rows, width = 33, 96
-    full = _synced(incremental=False, rows=rows, width=width)
-    incremental = _synced(incremental=True, rows=rows, width=width)
-    schedule = SimulatedSchedule(seed=5, pool_rows=rows, max_prompt_len=110)
-    for step, batch in enumerate(schedule.batches(200)):
-        for synced in (full, incremental):
-            synced.upload(synced.prepare(batch))  # no sync in between: copies stay async
+@pytest.mark.parametrize("history_tails", [False, True], ids=["device-appends", "host-tails"])
+def test_every_running_history_is_on_the_device_over_a_schedule(history_tails: bool) -> None:
+    """No sync between forwards: uploads and appends stay asynchronous on the stream."""
+    rows, width = 33, 128
+    synced = _synced(history_tails=history_tails, rows=rows, width=width)
+    schedule = SimulatedSchedule(seed=5, pool_rows=rows, max_prompt_len=60,
+                                 max_history_len=width, multi_token_steps=history_tails)
+    for step, batch in enumerate(schedule.forwards(200)):
+        synced.forward(batch)
         if step % 10 == 9:
-            assert torch.equal(full.tokens, incremental.tokens), f"step {step}"
-            assert torch.equal(full.lens, incremental.lens)
-            for req in batch:
-                kept = req.history()[:width]
-                assert incremental.tokens[req.req_pool_idx, : len(kept)].tolist() == kept
+            for row in batch:
+                known = row.req.history() + ([] if history_tails else list(row.sampled))
+                assert synced.lens[row.req.req_pool_idx].item() == len(known), step
+                assert synced.tokens[row.req.req_pool_idx, : len(known)].tolist() == known
 
 
 class _CapturedTokenCheck:
@@ -122,20 +127,24 @@ def _as_stored(*reqs: FakeReq) -> list[tuple[int, list[int]]]:
 
 @pytest.mark.gpu
 def test_graph_replay_sees_histories_refreshed_before_replay() -> None:
-    synced = _synced(incremental=True, rows=8, width=32)
+    synced = _synced(history_tails=False, rows=8, width=32)
     check = _CapturedTokenCheck(synced, max_bs=4, positions=24)  # captured before any request
     a = _admit("a", [11, 12, 13, 14], row=3)
     b = _admit("b", [21, 22], row=5)
 
-    synced.upload(synced.prepare([a, b]))  # outside the graph, before the replay
+    synced.upload(_prepare(synced, [a, b]))  # outside the graph, before the replay
     assert check.replay(_as_stored(a, b)) == (6, 0)
 
-    for step in range(3):  # decode: one new token each; only the suffix is copied
-        a.output_ids.append(100 + step)
-        b.output_ids.append(200 + step)
-        updates = synced.prepare([a, b])
-        assert updates.token_history.req_all_ids_flat.shape == (2,)
-        synced.upload(updates)
+    for step in range(3):  # decode: each sampled token appended on the device
+        tokens = [100 + step, 200 + step]
+        synced.history.append_sampled(
+            req_pool_indices=torch.tensor([3, 5], device=_DEVICE),
+            seq_lens=torch.tensor([len(a.history()), len(b.history())], device=_DEVICE),
+            tokens=torch.tensor(tokens, device=_DEVICE),
+        )
+        a.output_ids.append(tokens[0])
+        b.output_ids.append(tokens[1])
+        assert _prepare(synced, [a, b]).empty  # nothing from the host
         assert check.replay(_as_stored(a, b)) == (6 + 2 * (step + 1), 0)
 
     corrupted = a.history()
@@ -143,7 +152,7 @@ def test_graph_replay_sees_histories_refreshed_before_replay() -> None:
     assert check.replay([(3, corrupted), (5, b.history())]) == (12, 1)
 
     c = _admit("c", [31, 32, 33], row=5)  # b finished; c reuses its row
-    synced.upload(synced.prepare([a, c]))
+    synced.upload(_prepare(synced, [a, c]))
     assert check.replay(_as_stored(a, c)) == (7 + 3, 0)
     assert check.replay([(3, a.history()), (5, b.history())]) == (10, 3)  # b's stale tokens
 

@@ -75,7 +75,7 @@ def with_canary(model_runner: SimpleNamespace, *,
                                 kernels=load_kernels(KernelBackend.TORCH_REFERENCE)),
         )
         if config.enable_token_oracle:
-            runner.oracle = TokenOracleManager(oracle=HashOracle(vocab_size=VOCAB_SIZE))
+            runner.use_oracle(TokenOracleManager(oracle=HashOracle(vocab_size=VOCAB_SIZE)))
     return model_runner
 
 

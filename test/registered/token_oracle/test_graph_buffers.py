@@ -18,7 +18,7 @@ from sglang.srt.kv_canary.hooks.eagle import (
     around_draft_capture_one_batch_size,
     around_draft_replay,
 )
-from sglang.srt.kv_canary.runner.batch_inputs import CanaryBatchInputs, attach_batch_inputs
+from sglang.srt.kv_canary.batch.carrier import CanaryBatchInputs, attach_batch_inputs
 from sglang.srt.kv_canary.runner.canary_runner import runner_of
 from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle

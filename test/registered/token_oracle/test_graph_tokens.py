@@ -24,7 +24,7 @@ from sglang.srt.kv_canary.hooks.cuda_graph_runner import (
     after_replay_prepare,
     around_capture_one_batch_size,
 )
-from sglang.srt.kv_canary.runner.batch_inputs import CanaryBatchInputs, attach_batch_inputs
+from sglang.srt.kv_canary.batch.carrier import CanaryBatchInputs, attach_batch_inputs
 from sglang.srt.kv_canary.runner.canary_runner import runner_of
 from sglang.srt.kv_canary.token_oracle.graph_tokens import GraphOracleTokens
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
@@ -175,7 +175,7 @@ def test_a_target_verify_graph_computes_no_tokens_and_withdraws_an_offer(
     verify_static = _static_batch(ForwardMode.TARGET_VERIFY)
     _capture(verify_runner, verify_static)
     canary = runner_of(model_runner)
-    assert canary._graph_ids[id(verify_runner)].next_tokens.tolist() == [0] * MAX_BS
+    assert canary.graph_ids.buffers_for(verify_runner).next_tokens.tolist() == [0] * MAX_BS
     live = _live_decode(model_runner, monkeypatch, [5, 9, 3])
     _replay(decode_runner, decode_replay, decode_static, live)
     after_replay_prepare(None, verify_runner, live)  # another graph is prepared after it

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _oracle_reference import oracle_token, rid_hash
-from sglang.srt.kv_canary.runner.graph_buffers import GraphRequestIdBuffers
+from sglang.srt.kv_canary.runner.graph_request_ids import GraphRequestIdBuffers
 from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_to_tensors
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.manager import (

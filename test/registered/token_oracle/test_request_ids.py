@@ -18,7 +18,7 @@ from _batches import (
 from _oracle_reference import generalized_id, rid_hash
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig
 from sglang.srt.kv_canary.hooks.forward_batch import after_init_new, after_pad_inputs
-from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
+from sglang.srt.kv_canary.batch.carrier import batch_inputs_of
 from sglang.srt.kv_canary.token_oracle import request_ids
 from sglang.srt.kv_canary.token_oracle.request_ids import (
     BatchRequestIds,

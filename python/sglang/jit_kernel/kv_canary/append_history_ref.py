@@ -1,6 +1,5 @@
 """Plain-torch reference of :mod:`.append_history` (same keyword signature and contract, stated
-in that module's docstring); tests compare the two exactly. Reads the row count on the host
-(syncs): tests and CPU self-checks only."""
+in that module's docstring); tests compare the two exactly."""
 
 from __future__ import annotations
 
@@ -11,24 +10,23 @@ from sglang.jit_kernel.kv_canary.kernel_inputs import check_append_history_input
 
 def launch_append_history_tokens(
     *,
-    upload: torch.Tensor,
-    max_rows: int,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    tokens: torch.Tensor,
     pool_out: torch.Tensor,
     history_lens_out: torch.Tensor,
 ) -> None:
     """Reference of :func:`.append_history.launch_append_history_tokens`."""
     check_append_history_inputs(
-        upload=upload, max_rows=max_rows, pool_out=pool_out, history_lens_out=history_lens_out
+        req_pool_indices=req_pool_indices, seq_lens=seq_lens, tokens=tokens,
+        pool_out=pool_out, history_lens_out=history_lens_out,
     )
-    count = int(upload[0])
-    if count <= 0 or 2 + 5 * count > upload.shape[0]:
-        return
-    applied = min(count, max_rows)
-    rows = upload[1 + count : 1 + count + applied]
-    lens = upload[1 + 2 * count : 1 + 2 * count + applied]
-    tokens = upload[2 + 4 * count : 2 + 4 * count + applied]
-    row_ok = (rows >= 0) & (rows < pool_out.shape[0])
-    history_lens_out[rows[row_ok]] = lens[row_ok]
-    positions = lens - 1
-    keep = row_ok & (positions >= 0) & (positions < pool_out.shape[1])
-    pool_out[rows[keep], positions[keep]] = tokens[keep].to(torch.int32)
+    rows = req_pool_indices.to(torch.int64)
+    positions = seq_lens.to(torch.int64)
+    num_rows, columns = pool_out.shape
+    row_ok = (rows > 0) & (rows < num_rows)
+    known = torch.full_like(positions, -1)
+    known[row_ok] = history_lens_out[rows[row_ok]]
+    append = row_ok & (known == positions) & (positions >= 0) & (positions < columns)
+    pool_out[rows[append], positions[append]] = tokens[append].to(torch.int32)
+    history_lens_out[rows[append]] = positions[append] + 1

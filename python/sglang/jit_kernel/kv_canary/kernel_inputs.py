@@ -450,22 +450,22 @@ def _check_pool_arguments(
 
 def check_append_history_inputs(
     *,
-    upload: torch.Tensor,
-    max_rows: int,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    tokens: torch.Tensor,
     pool_out: torch.Tensor,
     history_lens_out: torch.Tensor,
-) -> None:
-    """Validate the inputs of the token-history append (its Triton launch and torch reference;
+) -> int:
+    """Validate the inputs of the sampled-token append (its Triton launch and torch reference;
     contract in :mod:`.append_history`): types, dtypes, shapes, layouts and devices, no values.
+    Return the row count ``n`` (``tokens``' length).
 
     Raises:
-        TypeError: a tensor is missing or of the wrong dtype, or ``max_rows`` is not an int
-            (names the argument).
-        ValueError: a shape, layout or device is wrong, or ``max_rows`` is negative.
+        TypeError: a tensor is missing or of the wrong dtype (names the argument).
+        ValueError: a shape, layout or device is wrong (names the argument).
     """
     _check_pool_arguments({
         "pool_out": (pool_out, torch.int32, 2),
-        "upload": (upload, torch.int64, 1),
         "history_lens_out": (history_lens_out, torch.int64, 1),
     })
     if history_lens_out.shape[0] != pool_out.shape[0]:
@@ -473,10 +473,26 @@ def check_append_history_inputs(
             f"history_lens_out must have shape [R] = [{pool_out.shape[0]}] (pool_out's rows), "
             f"got {tuple(history_lens_out.shape)}"
         )
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int):
-        raise TypeError(f"max_rows must be an int, got {type(max_rows).__name__}")
-    if max_rows < 0:
-        raise ValueError(f"max_rows must be >= 0, got {max_rows}")
+    rows = None
+    for name, tensor in (("tokens", tokens), ("req_pool_indices", req_pool_indices),
+                         ("seq_lens", seq_lens)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor)}")
+        if tensor.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"{name} must be torch.int32 or torch.int64, got {tensor.dtype}")
+        rows = tensor.shape[0] if rows is None else rows
+        if tensor.dim() != 1 or tensor.shape[0] != rows:
+            raise ValueError(
+                f"{name} must be 1-D with tokens' length {rows}, got shape {tuple(tensor.shape)}"
+            )
+        if rows > 1 and tensor.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride()}")
+        if tensor.device != pool_out.device:
+            raise ValueError(
+                f"{name} is on {tensor.device} but pool_out is on {pool_out.device}; every "
+                "tensor must be on pool_out's device"
+            )
+    return rows
 
 
 def check_publish_inputs(*, counters: torch.Tensor) -> None:

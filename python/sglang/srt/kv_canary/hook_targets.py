@@ -55,6 +55,10 @@ def _oracle_or_canary(config: CanaryConfig) -> bool:
     return config.enable_token_oracle or config.canary_enabled
 
 
+def _token_history(config: CanaryConfig) -> bool:
+    return config.canary_enabled and config.token_history_enabled
+
+
 def _sweep(config: CanaryConfig) -> bool:
     return config.canary_enabled and config.sweep_interval > 0
 
@@ -117,6 +121,14 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         adapter=f"{_ADAPTERS}.model_runner:around_forward",
         needed=_canary,
         purpose="per-forward host work: poll, history upload, faults, launch accounting",
+    ),
+    HookSpec(
+        target=f"{_MR}.sample",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.model_runner:after_sample",
+        needed=_token_history,
+        purpose="the sampled tokens join the token history on the device (decode steps send "
+                "no tokens from the host)",
     ),
     HookSpec(
         target="sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator"

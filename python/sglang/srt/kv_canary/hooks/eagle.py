@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sglang.srt.kv_canary.runner.batch_inputs import runner_of_batch
+from sglang.srt.kv_canary.batch.carrier import runner_of_batch
 from sglang.srt.kv_canary.runner.canary_runner import runner_of
 
 

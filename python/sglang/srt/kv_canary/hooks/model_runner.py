@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglang.srt.kv_canary.config import get_active_config
+from sglang.srt.kv_canary.hook_registration import verify_hooks_applied
 from sglang.srt.kv_canary.runner.canary_runner import create_canary_runner, runner_of
 from sglang.srt.kv_canary.runner.memory_budget import per_token_bytes
 
 
 def before_initialize(model_runner: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE ``ModelRunner.initialize``: every needed hook in place; the runner's canary."""
+    """BEFORE ``ModelRunner.initialize``: every needed hook in place (HookRegistrationError
+    otherwise), then the runner's canary."""
+    verify_hooks_applied(get_active_config())
     create_canary_runner(model_runner)
 
 
@@ -27,6 +31,16 @@ def around_forward(
     return runner_of(model_runner).run_forward(
         forward_batch=forward_batch, forward=lambda: original(model_runner, *args, **kwargs)
     )
+
+
+def after_sample(
+    next_token_ids: Any, model_runner: Any, logits_output: Any, forward_batch: Any,
+    *args: Any, **kwargs: Any,
+) -> Any:
+    """AFTER ``ModelRunner.sample(logits_output, forward_batch)``: the sampled tokens join the
+    token history on the device."""
+    runner_of(model_runner).on_sampled(forward_batch=forward_batch, next_token_ids=next_token_ids)
+    return next_token_ids
 
 
 def add_record_bytes_to_cell_size(cell_size: int, *args: Any, **kwargs: Any) -> int:

@@ -28,6 +28,7 @@ from sglang.srt.kv_canary.perturb.real_kv_unused_cache import RealKvUnusedCacheP
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
 from sglang.srt.kv_canary.perturb.req_to_token import ReqToTokenPerturbation
 from sglang.srt.kv_canary.perturb.seq_lens import SeqLensPerturbation
+from sglang.srt.kv_canary.pools.seam import CanaryPool
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +103,14 @@ class FaultInjector:
 
 
 def build_fault_injector(
-    *, config: PerturbConfig, state: CanaryDeviceState, kv_pool: object, vocab_size: int
+    *, config: PerturbConfig, state: CanaryDeviceState, pool: CanaryPool, vocab_size: int
 ) -> FaultInjector | None:
     """The injector of the enabled KV-side perturbations, or None when none is enabled.
 
     ``vocab_size`` is the served model's (input tokens stay valid ids when perturbed).
     """
     kv_bytes = (
-        FingerprintedBytes(kv_pool=kv_pool, real_data=state.real_data)
+        FingerprintedBytes(pool=pool, real_data=state.real_data)
         if config.real_kv_used_prob or config.real_kv_post_forward_prob
         or config.real_kv_unused_cache_prob
         else None

@@ -1,6 +1,7 @@
 """Flipping one fingerprinted K/V byte of a slot (the real-data perturbations share this).
 
-The flipped byte lies in one of the fingerprinted rows (K or V of the first or the last layer)
+The flipped byte lies in one of the pool's fingerprint buffers (for the MHA pool: K or V of the
+first or the last layer)
 at the slot's rotating 16-byte offset, so ``SGLANG_KV_CANARY_REAL_DATA=partial`` covers it as
 well as ``all``. With ``partial`` fingerprints and a verify named by ``due_at`` (position, step),
 the row is the one that verify reads at that position (when the position is due then; see
@@ -18,25 +19,27 @@ import torch
 
 from sglang.jit_kernel.kv_canary.hashing import due_source_scalar
 from sglang.jit_kernel.kv_canary.kernel_inputs import RealDataSources
-from sglang.srt.kv_canary.runner.device_state import (
-    PARTIAL_BYTES_PER_SOURCE,
-    fingerprinted_buffers,
-)
+from sglang.srt.kv_canary.pools.real_data import PARTIAL_BYTES_PER_SOURCE
+from sglang.srt.kv_canary.pools.seam import CanaryPool
 
 FLIP_MASK = 0xFF
 
 
 class FingerprintedBytes:
-    """Byte views of a pool's fingerprinted K/V rows (``real_data``: the canary's, or None with
-    real data off)."""
+    """Byte views of a pool's fingerprint buffers (the pool seam names them; ``real_data``: the
+    canary's sources, or None with real data off)."""
 
-    def __init__(self, *, kv_pool: object, real_data: RealDataSources | None = None) -> None:
+    def __init__(self, *, pool: CanaryPool, real_data: RealDataSources | None = None) -> None:
         self._real_data = real_data
         self._rows: list[tuple[str, torch.Tensor]] = []
-        for name, buffer in fingerprinted_buffers(kv_pool):
+        for source in pool.fingerprint_buffers():
+            buffer = source.buffer
             if not buffer.is_contiguous():
-                raise ValueError(f"the real-data perturbations need a contiguous {name} buffer")
-            self._rows.append((name.replace(" ", "_"), buffer.view(buffer.shape[0], -1).view(torch.uint8)))
+                raise ValueError(
+                    f"the real-data perturbations need a contiguous {source.name} buffer"
+                )
+            self._rows.append((source.name.replace(" ", "_"),
+                               buffer.view(buffer.shape[0], -1).view(torch.uint8)))
 
     def flip(
         self, *, slot: torch.Tensor, rng: random.Random, due_at: tuple[int, int] | None = None

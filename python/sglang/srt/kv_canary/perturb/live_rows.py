@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang.srt.kv_canary.runner.kernel_inputs import forward_kind, host_prefix_lens
+from sglang.srt.kv_canary.batch.forward_kind import forward_kind, host_prefix_lens
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -20,7 +20,7 @@ class LiveRow:
 def live_rows(forward_batch: ForwardBatch) -> list[LiveRow]:
     """Every request row with its prefix length, without touching device memory.
 
-    The prefix lengths are :func:`~sglang.srt.kv_canary.runner.kernel_inputs.host_prefix_lens`
+    The prefix lengths are :func:`~sglang.srt.kv_canary.batch.forward_kind.host_prefix_lens`
     (DECODE rows ``seq_lens_cpu - 1``, EXTEND and MIXED rows ``extend_prefix_lens_cpu``, EAGLE
     target-verify rows ``seq_lens_cpu``, ...). Called on the unpadded batch
     ``ModelRunner.forward`` receives.

@@ -42,8 +42,8 @@ class CanaryKernels:
     model forward and the post launch); ``accepted_owner_resync`` takes ``(*, state,
     req_pool_indices, out_cache_loc, accept_lens, block)`` (after an EAGLE verification). Those
     four run outside graphs. ``append_history_tokens`` (keyword contract of
-    ``launch_append_history_tokens``) is the decode step's token-history append, captured in
-    graphs before the pre launch. ``publish_counters`` (keyword contract of
+    ``launch_append_history_tokens``) appends the sampled tokens to the token history, after
+    ``ModelRunner.sample`` (outside graphs). ``publish_counters`` (keyword contract of
     ``launch_publish_counters``) seals the counters for the host's copy after each forward,
     captured into decode graphs.
     """

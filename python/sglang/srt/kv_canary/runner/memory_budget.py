@@ -4,7 +4,8 @@ SGLang 0.5.12 sizes the KV pool as ``max_total_num_tokens = available_bytes // c
 (``DefaultPoolConfigurator``). The canary's buffers are allocated right after the pool and are
 budgeted in two parts, so KV + canary stays within ``--mem-fraction-static``:
 
-* per token: :data:`RECORD_BYTES` is added to the KV cell size (the records scale with the pool);
+* per token: the pool seam's record bytes per KV token are added to the KV cell size (the
+  records scale with the pool);
 * fixed: everything else (:class:`FixedBuffers`) is subtracted from the profiled available
   bytes before the pool is sized. Its sizes depend on ``req_to_token``'s shape, which does not
   exist yet at that point, so they are bounded from the same inputs SGLang uses to size it
@@ -14,11 +15,15 @@ budgeted in two parts, so KV + canary stays within ``--mem-fraction-static``:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from sglang.jit_kernel.kv_canary.consts import NUM_COUNTERS, RECORD_BYTES, RING_ROW_FIELDS
-from sglang.srt.kv_canary.runner.request_rows import UPLOAD_HEADER_WORDS
+from sglang.srt.kv_canary.config import CanaryConfig
+from sglang.srt.kv_canary.pools import extra_record_rows, record_bytes_per_kv_token
+
+logger = logging.getLogger(__name__)
 
 _INT64_BYTES = 8
 _INT32_BYTES = 4
@@ -26,8 +31,8 @@ _INT32_BYTES = 4
 SGLANG_MAX_REQUEST_ROWS = 4096
 # ModelRunnerKVCacheMixin._init_pools: req_to_token has context_len + 4 (+ draft tokens) columns.
 SGLANG_EXTRA_CONTEXT_COLUMNS = 4
-# Host-to-device staging of one forward's uploads, preallocated after the seq_lens mirror (one
-# area); a forward that uploads more (an unusually long admitted history) allocates its own.
+# Host-to-device staging of one forward's row updates, preallocated after the seq_lens mirror
+# (one area); a forward that uploads more (an unusually long admitted history) allocates its own.
 UPLOAD_STAGING_WORDS = 1 << 16
 
 
@@ -35,7 +40,7 @@ UPLOAD_STAGING_WORDS = 1 << 16
 class FixedBuffers:
     """Every device buffer of one runner's canary except the per-slot records, in bytes."""
 
-    padding_records: int  # the pool's page_size padding rows of records
+    padding_records: int  # the record rows beyond the pool's token capacity (its padding page)
     ring: int
     counters: int
     owner_chains: int  # int64 per req_to_token row (two per row with EAGLE)
@@ -60,8 +65,8 @@ class FixedBuffers:
 
 
 def per_token_bytes() -> int:
-    """Bytes per pool token (added to the KV cell size)."""
-    return RECORD_BYTES
+    """Bytes per pool token (added to the KV cell size): the pool seam's record bytes."""
+    return record_bytes_per_kv_token()
 
 
 def fixed_buffers(
@@ -85,14 +90,14 @@ def fixed_buffers(
         else 0
     )
     return FixedBuffers(
-        padding_records=page_size * RECORD_BYTES,
+        padding_records=extra_record_rows(page_size=page_size) * RECORD_BYTES,
         ring=ring_capacity * RING_ROW_FIELDS * _INT64_BYTES,
         counters=NUM_COUNTERS * _INT64_BYTES,
         # (EAGLE: the draft canary's draft decode steps keep scratch owner chains too)
         owner_chains=request_rows * _INT64_BYTES * (2 if speculative else 1),
         seq_lens_mirror=seq_lens_mirror_rows_for(request_rows=request_rows,
                                                  graph_max_bs=graph_max_bs) * _INT64_BYTES,
-        upload_staging=(UPLOAD_HEADER_WORDS + UPLOAD_STAGING_WORDS) * _INT64_BYTES,
+        upload_staging=UPLOAD_STAGING_WORDS * _INT64_BYTES,
         token_history=history,
         write_expectations=2 * write_expectation_tokens * _INT64_BYTES,
         graph_request_ids=(graph_max_bs * (2 * _INT64_BYTES + _INT32_BYTES)
@@ -158,3 +163,80 @@ def seq_lens_mirror_rows(server_args: Any, *, request_rows: int) -> int:
 def graph_max_bs_bound(server_args: Any) -> int:
     """The largest batch a decode CUDA graph is captured for (0 without graphs)."""
     return server_args.cuda_graph_max_bs or 0
+
+
+class MemoryBudget:
+    """The canary's memory of one model runner: what it reserves from the KV budget before the
+    pool is sized, and the report of what it allocated (see the module docstring).
+
+    Args:
+        config: the active configuration.
+        model_runner: SGLang's ``ModelRunner`` (read: ``server_args``, ``model_config``,
+            ``dp_size``, ``max_running_requests``).
+    """
+
+    def __init__(self, *, config: CanaryConfig, model_runner: Any) -> None:
+        self._config = config
+        self._model_runner = model_runner
+
+    def fixed_buffers(self, *, page_size: int) -> FixedBuffers:
+        """Upper bounds of every device buffer but the records (before the pools exist)."""
+        model_runner = self._model_runner
+        server_args = model_runner.server_args
+        config = self._config
+        write_input = config.canary_enabled and config.enable_write_input_assert
+        return fixed_buffers(
+            page_size=page_size,
+            ring_capacity=config.ring_capacity,
+            request_rows=request_rows_bound(server_args, dp_size=model_runner.dp_size),
+            context_columns=context_columns_bound(
+                server_args, context_len=model_runner.model_config.context_len
+            ),
+            token_history=config.token_history_enabled,
+            write_expectation_tokens=max_tokens_per_forward(
+                server_args, max_running_requests=server_args.max_running_requests
+            ) if write_input else 0,
+            graph_max_bs=graph_max_bs_bound(server_args),
+            graph_request_ids=config.enable_token_oracle,
+            speculative=server_args.speculative_algorithm is not None,
+        )
+
+    def reserve(self, available_bytes: int) -> int:
+        """The profiled KV budget minus the canary's fixed buffers (logged: the KV pool is sized
+        from what this returns, with the records' bytes added to each token's cell)."""
+        model_runner = self._model_runner
+        fixed = self.fixed_buffers(page_size=model_runner.page_size)
+        reserved = fixed.total
+        records = per_token_bytes()
+        draft = ""
+        if model_runner.server_args.speculative_algorithm is not None:
+            # the EAGLE draft runner's canary: the same buffers but the write expectations, and a
+            # record per slot of the draft pool (its pool is sized from this runner's budget)
+            reserved += fixed.total - fixed.write_expectations
+            records *= 2
+            draft = " (target and EAGLE draft canaries)"
+        logger.info(
+            f"KV canary memory budget: {available_bytes} B profiled for the KV pool, "
+            f"{reserved} B reserved for the canary's fixed buffers, {records} B "
+            f"per token added to the KV cell size for the records{draft}"
+        )
+        return available_bytes - reserved
+
+    def report(self, *, allocated: dict[str, int], page_size: int) -> None:
+        """Log what was allocated (``allocated``: bytes per buffer, ``records`` among them), and
+        warn when the fixed buffers exceed what :meth:`reserve` took from the KV budget."""
+        reserved = self.fixed_buffers(page_size=page_size)
+        fixed = sum(allocated.values()) - allocated["records"]
+        logger.info(
+            f"KV canary device memory: {sum(allocated.values())} B allocated = records "
+            f"{allocated['records']} B ({RECORD_BYTES} B per slot, taken from the KV cell size) + "
+            f"fixed buffers {fixed} B (reserved {reserved.total} B: "
+            + ", ".join(f"{name} {value}" for name, value in allocated.items()
+                        if name != "records")
+            + ")"
+        )
+        if fixed > reserved.total:
+            logger.warning(
+                f"KV canary: the fixed buffers ({fixed} B) exceed the {reserved.total} B reserved "
+                "from the KV budget; the server may run out of memory under load"
+            )

@@ -3,9 +3,9 @@
 :class:`CanaryModelForward` replaces ``model.forward`` on the target model *instance*. SGLang's
 decode ``CudaGraphRunner`` calls ``model_runner.model.forward(...)`` inside graph capture, and the
 eager paths (``forward_decode``/``forward_extend``/``forward_idle``, dummy and warm-up runs) call
-it too, so the canary's two launches (:meth:`CanaryRunner.launch_before_model
-<sglang.srt.kv_canary.runner.canary_runner.CanaryRunner.launch_before_model>` and
-``launch_after_model``) are captured into every decode graph and run around every eager forward.
+it too, so the canary's two launches (the runner's ``launch_before_model`` and
+``launch_after_model``, given here as the ``before`` and ``after`` callables) are captured into
+every decode graph and run around every eager forward.
 
 Re-entrancy: only the outermost call runs the canary. A model whose forward calls a wrapped
 forward again (a VLM delegating to an inner language model that ends up here) would otherwise
@@ -16,21 +16,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
+# before(forward_batch) -> a view, or None (nothing to check); after(view, *, forward_batch)
+BeforeModel = Callable[[Any], Any]
+AfterModel = Callable[..., None]
 
 
 class CanaryModelForward:
     """Callable installed as ``model.forward``; brackets the original with the canary launches."""
 
-    def __init__(self, *, original: Callable[..., Any], runner: CanaryRunner) -> None:
+    def __init__(
+        self, *, original: Callable[..., Any], before: BeforeModel, after: AfterModel
+    ) -> None:
         functools.update_wrapper(self, original)  # keeps inspect.signature(model.forward) intact
         self.original = original
-        self._runner = runner
+        self._before = before
+        self._after = after
         self._inside = False
 
     def __call__(
@@ -43,19 +47,21 @@ class CanaryModelForward:
     ) -> Any:
         if self._inside:
             return self.original(input_ids, positions, forward_batch, *args, **kwargs)
-        view = self._runner.launch_before_model(forward_batch)
+        view = self._before(forward_batch)
         if view is None:
             return self.original(input_ids, positions, forward_batch, *args, **kwargs)
         self._inside = True
         try:
             output = self.original(input_ids, positions, forward_batch, *args, **kwargs)
-            self._runner.launch_after_model(view, forward_batch=forward_batch)
+            self._after(view, forward_batch=forward_batch)
         finally:
             self._inside = False
         return output
 
 
-def install_model_forward(*, model: torch.nn.Module, runner: CanaryRunner) -> CanaryModelForward:
+def install_model_forward(
+    *, model: torch.nn.Module, before: BeforeModel, after: AfterModel
+) -> CanaryModelForward:
     """Set ``model.forward`` (an instance attribute) to a :class:`CanaryModelForward`.
 
     Raises:
@@ -66,7 +72,7 @@ def install_model_forward(*, model: torch.nn.Module, runner: CanaryRunner) -> Ca
         raise RuntimeError(
             "KV canary: model.forward is already wrapped; install runs once per model"
         )
-    wrapper = CanaryModelForward(original=current, runner=runner)
+    wrapper = CanaryModelForward(original=current, before=before, after=after)
     model.forward = wrapper
     return wrapper
 

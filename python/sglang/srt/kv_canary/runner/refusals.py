@@ -1,7 +1,10 @@
-"""Start-up refusals: configurations the KV canary cannot check stop the server.
+"""Start-up refusals of server flags: configurations the KV canary cannot check stop the server.
 
-Each refusal names what to change. Nothing is ever left silently unchecked: a configuration the
-canary does not cover fails at model-runner start-up instead of serving without protection.
+Each refusal names what to change (raised as
+:class:`~sglang.srt.kv_canary.errors.CanaryUnsupportedError`). Nothing is ever left silently
+unchecked: a configuration the canary does not cover fails at model-runner start-up instead of
+serving without protection. Pools the canary does not cover are refused behind the pool seam
+(:func:`sglang.srt.kv_canary.pools.pool_refusals`).
 """
 
 from __future__ import annotations
@@ -9,19 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 _SELF_CHECK = "python -m sglang.srt.kv_canary.selfcheck"
-
-
-class CanaryUnsupportedError(RuntimeError):
-    """The configuration is one the KV canary cannot check; the message says what to change."""
-
-    def __init__(self, reasons: list[str]) -> None:
-        self.reasons = tuple(reasons)
-        super().__init__(
-            "KV canary (SGLANG_KV_CANARY_MODE is log or raise) cannot protect this server: "
-            + "; ".join(reasons)
-            + ". Change the flags above, or unset SGLANG_KV_CANARY_MODE to serve without the "
-            "canary."
-        )
 
 
 def unsupported_server_args(server_args: Any) -> list[str]:
@@ -113,49 +103,3 @@ def _unsupported_speculative(server_args: Any) -> list[str]:
             f"--enable-dp-attention with {name} is not supported; remove one of them"
         )
     return reasons
-
-
-# Pool classes by name, with what to change. Only the exact class MHATokenToKVPool is supported:
-# subclasses (FP4, no-op) lay their buffers out differently.
-_POOL_ADVICE: dict[str, str] = {
-    "MHATokenToKVPoolFP4": "use a --kv-cache-dtype other than fp4_e2m1",
-    "NoOpMHATokenToKVPool": "remove --prefill-only-disable-kv-cache",
-    "MLATokenToKVPool": "MLA models (DeepSeek-style attention) are not supported yet",
-    "MLATokenToKVPoolFP4": "MLA models (DeepSeek-style attention) are not supported yet",
-    "NSATokenToKVPool": "NSA models (DeepSeek V3.2 attention) are not supported yet",
-    "SWAKVPool": "hybrid sliding-window models are not supported yet",
-    "HybridLinearKVPool": "hybrid linear-attention / mamba models are not supported yet",
-    "DeepSeekV4TokenToKVPool": "DeepSeek V4 models are not supported yet",
-}
-
-
-def unsupported_pools(*, req_to_token_pool: object, token_to_kv_pool: object) -> list[str]:
-    """Reasons the canary cannot keep records beside these pools; empty when both are supported.
-
-    Only SGLang's plain ``ReqToTokenPool`` and ``MHATokenToKVPool`` (exact classes) are supported:
-    the records are indexed by the MHA pool's slot and the real-data fingerprint reads its layer-0
-    K buffer.
-    """
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-
-    reasons: list[str] = []
-    pool_class = type(token_to_kv_pool).__name__
-    if type(token_to_kv_pool) is not MHATokenToKVPool:
-        advice = _POOL_ADVICE.get(
-            pool_class, "only MHA models with the plain KV pool are supported"
-        )
-        reasons.append(
-            f"the KV pool is {pool_class}, but the canary supports MHATokenToKVPool only: {advice}"
-        )
-    if type(req_to_token_pool) is not ReqToTokenPool:
-        reasons.append(
-            f"the request pool is {type(req_to_token_pool).__name__}, but the canary supports "
-            "ReqToTokenPool only (mamba / PD-decode request pools are not supported yet)"
-        )
-    return reasons
-
-
-def refuse_unless_supported(reasons: list[str]) -> None:
-    """Raise :class:`CanaryUnsupportedError` when there is any reason."""
-    if reasons:
-        raise CanaryUnsupportedError(reasons)

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-UPLOAD_BUFFER_SLOTS = 4  # the device trails the scheduler by one or two forwards
+UPLOAD_BUFFER_SLOTS = 8  # up to three uploads per forward; the device trails by one or two forwards
 UPLOAD_BUFFER_WORDS = 1 << 14  # int64 words per buffer: a decode step of 256 rows uses ~1.3k
 _MAX_CACHED_VIEWS = 256  # views of the buffers kept for reuse (forgotten all at once beyond)
 

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang.jit_kernel.kv_canary.hashing import due_source_scalar, fingerprint_columns
-from sglang.srt.kv_canary.runner.device_state import fingerprinted_layers
+from sglang.srt.kv_canary.pools.mha import MHACanaryPool
 from sglang.srt.kv_canary.selfcheck.simulation import (
     DecodeSlot,
     PrefixMatch,
@@ -425,7 +425,7 @@ class KvBitFlip(SeededBug):
         if not self.active(server=server) or not server.batch:
             return
         pool = server.kv_pool
-        layers = fingerprinted_layers(pool)
+        layers = MHACanaryPool(pool).fingerprinted_layers()
         layer = layers[-1]
         # the source index of the flipped row (K, V per fingerprinted layer, in order): only
         # positions whose partial verify in this forward reads that row (stride 1)

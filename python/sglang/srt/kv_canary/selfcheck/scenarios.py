@@ -49,8 +49,8 @@ from sglang.srt.kv_canary.selfcheck.bugs import (
 from sglang.srt.kv_canary.selfcheck.sampling import ForeignTokenFault, OracleSampler
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
-    InitNewHook,
     Sampler,
+    ServerHooks,
     SimulatedModelRunner,
     default_server,
     run_mixed_workload,
@@ -309,13 +309,19 @@ def bug_scenarios() -> list[Scenario]:
     return scenarios
 
 
-def init_new_hooks(config: CanaryConfig) -> list[InitNewHook]:
-    """The ``ForwardBatch.init_new`` AFTER adapters the hook table registers for ``config``."""
-    return [
-        pkgutil.resolve_name(spec.adapter)
-        for spec in select_hook_specs(config)
-        if spec.target.endswith(".ForwardBatch.init_new") and spec.hook_type == "after"
-    ]
+def server_hooks(config: CanaryConfig) -> ServerHooks:
+    """The ``ForwardBatch.init_new`` and ``ModelRunner.sample`` AFTER adapters the hook table
+    registers for ``config`` (what SGLang's hook registry would call in a server)."""
+
+    def adapters(target_suffix: str) -> tuple:
+        return tuple(
+            pkgutil.resolve_name(spec.adapter)
+            for spec in select_hook_specs(config)
+            if spec.target.endswith(target_suffix) and spec.hook_type == "after"
+        )
+
+    return ServerHooks(init_new=adapters(".ForwardBatch.init_new"),
+                       sample=adapters(".ModelRunner.sample"))
 
 
 def _sampler(scenario: Scenario) -> Sampler | None:
@@ -386,7 +392,7 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
     server = default_server(
         page_size=page_size,
         forward=forward,
-        init_new_hooks=init_new_hooks(scenario.config),
+        hooks=server_hooks(scenario.config),
         sampler=_sampler(scenario),
         bug=None if scenario.bug is None else scenario.bug(
             warmup_steps=_WARMUP_STEPS, seed=_SEED

@@ -8,7 +8,8 @@ for the radix cache: shared pages, reference counts, eviction of the oldest entr
 written to ``req_to_token`` the way SGLang does before each forward. Each new ForwardBatch goes
 through the ``ForwardBatch.init_new`` AFTER hooks the caller passes in (as SGLang's hook registry
 calls them), then through the forward callable the caller passes in (the canary's
-``ModelRunner.forward`` hook in the self-check). A padded decode step is padded the way a
+``ModelRunner.forward`` hook in the self-check), and its sampled tokens (one per row) through
+the ``ModelRunner.sample`` AFTER hooks. A padded decode step is padded the way a
 replayed CUDA graph pads its static batch: inside ``ModelRunner.forward``, after the canary's
 host-side work saw the live batch. The model is :class:`TinyModel`, which stores each token's
 K/V like attention does; the next tokens come from a :class:`Sampler`.
@@ -35,7 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_PREFIX
-from sglang.srt.kv_canary.runner.batch_inputs import attach_batch_inputs, batch_inputs_of
+from sglang.srt.kv_canary.batch.carrier import attach_batch_inputs, batch_inputs_of
 from sglang.srt.kv_canary.token_oracle.request_ids import RID_PAD_VALUE, ROOM_PAD_VALUE
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -296,6 +297,18 @@ class ServerBug:
 
 # AFTER hook of ForwardBatch.init_new: hook(forward_batch, ForwardBatch, worker_batch, runner).
 InitNewHook = Callable[[ForwardBatch, type, SimulatedWorkerBatch, SimulatedModelRunner], Any]
+# AFTER hook of ModelRunner.sample: hook(next_token_ids, runner, logits_output, forward_batch).
+SampleHook = Callable[[torch.Tensor, SimulatedModelRunner, Any, ForwardBatch], Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerHooks:
+    """The AFTER hooks the simulated server calls as SGLang's hook registry would:
+    ``init_new`` after each ``ForwardBatch.init_new``, ``sample`` after each
+    ``ModelRunner.sample`` (see ``selfcheck.scenarios.server_hooks`` for the canary's)."""
+
+    init_new: tuple[InitNewHook, ...] = ()
+    sample: tuple[SampleHook, ...] = ()
 
 
 class SimulatedServer:
@@ -309,7 +322,7 @@ class SimulatedServer:
         max_requests: int,
         max_context_len: int,
         forward: Callable[[ForwardBatch], Any],
-        init_new_hooks: Sequence[InitNewHook] = (),
+        hooks: ServerHooks = ServerHooks(),
         sampler: Sampler | None = None,
         bug: ServerBug | None = None,
     ) -> None:
@@ -347,7 +360,7 @@ class SimulatedServer:
             max_running_requests=max_requests,
         )
         self.forward = forward
-        self.init_new_hooks = tuple(init_new_hooks)
+        self.hooks = hooks
         self.sampler = sampler or DeterministicSampler()
         self.bug = bug or ServerBug()
         self.runner.model.after_store = lambda: self.bug.after_kv_store(server=self)
@@ -545,7 +558,7 @@ class SimulatedServer:
         self._run(batch, [request for request, _ in rows])
         for request, n in rows:
             request.kv_len += n
-        self._sample([request for request, _ in rows if request.prefilled])
+        self._sample(batch, [request for request, _ in rows])
 
     def decode(self, requests: Sequence[SimulatedRequest], *, padded_rows: int = 0) -> None:
         """One DECODE forward; the model runs it padded with ``padded_rows`` rows as a replayed
@@ -581,7 +594,7 @@ class SimulatedServer:
         self._run(batch, list(requests))
         for row in plan:
             row.request.kv_len = row.position + 1
-        self._sample(list(requests))
+        self._sample(batch, list(requests))
 
     def _write_slots(self, request: SimulatedRequest, positions: Sequence[int]) -> list[int]:
         """Allocate the slots of ``positions`` and write them to ``req_to_token`` (as SGLang
@@ -598,7 +611,7 @@ class SimulatedServer:
         self.batch = requests
         self._flush_faults(requests)
         worker_batch = SimulatedWorkerBatch(reqs=requests, seq_lens_cpu=batch.seq_lens_cpu)
-        for hook in self.init_new_hooks:
+        for hook in self.hooks.init_new:
             hook(batch, ForwardBatch, worker_batch, self.runner)
         try:
             self.forward(batch)
@@ -606,11 +619,26 @@ class SimulatedServer:
             self.batch = None
         self.forwards += 1
 
-    def _sample(self, requests: list[SimulatedRequest]) -> None:
-        """Append each request's next token (sampled after the forward just run)."""
-        rows = [(request, request.kv_len - 1) for request in requests]
-        for request, token in zip(requests, self.sampler.sample(rows, step=self.forwards - 1)):
-            request.output.append(token)
+    def _sample(self, batch: ForwardBatch, requests: list[SimulatedRequest]) -> None:
+        """What ``ModelRunner.sample`` and the scheduler do after the forward just run: a token
+        for every row (the sample hooks see them all, in row order), kept in the output of each
+        request whose prompt is prefilled (a chunked prefill's token is discarded, as SGLang
+        discards it)."""
+        kept = [request for request in requests if request.prefilled]
+        tokens = iter(self.sampler.sample(
+            [(request, request.kv_len - 1) for request in kept], step=self.forwards - 1
+        ))
+        sampled = [
+            next(tokens) if request.prefilled
+            else next_token(rid=request.rid, position=request.kv_len - 1)
+            for request in requests
+        ]
+        next_token_ids = torch.tensor(sampled, dtype=torch.int64)
+        for hook in self.hooks.sample:
+            hook(next_token_ids, self.runner, None, batch)
+        for request, token in zip(requests, sampled):
+            if request.prefilled:
+                request.output.append(token)
 
 
 def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
@@ -701,12 +729,12 @@ def default_server(
     *,
     page_size: int,
     forward: Callable[[ForwardBatch], Any],
-    init_new_hooks: Sequence[InitNewHook] = (),
+    hooks: ServerHooks = ServerHooks(),
     sampler: Sampler | None = None,
     bug: ServerBug | None = None,
 ) -> SimulatedServer:
     """The pool sizes :func:`run_mixed_workload` is written for (small: eviction and reuse)."""
     return SimulatedServer(
         page_size=page_size, num_pages=40, max_requests=12, max_context_len=128, forward=forward,
-        init_new_hooks=init_new_hooks, sampler=sampler, bug=bug,
+        hooks=hooks, sampler=sampler, bug=bug,
     )

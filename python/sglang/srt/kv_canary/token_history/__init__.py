@@ -1,8 +1,7 @@
 """The token history and the checks that need it.
 
-* :mod:`.history`: each request row's ``origin_input_ids + output_ids`` on the device, refreshed
-  incrementally before every forward (what to send is decided by
-  :mod:`..runner.request_rows`).
+* :mod:`.history`: each request row's ``origin_input_ids + output_ids`` on the device: a new
+  owner's history is sent by the host, every sampled token is appended on the device.
 * Verify-token: every verified slot's stored token against the history (positions the history
   does not know yet are skipped); the kernels index the history by request row, so forwards
   replayed from CUDA graphs check tokens exactly as eager ones do.

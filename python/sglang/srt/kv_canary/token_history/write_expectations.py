@@ -12,8 +12,7 @@
   position the request's own token from its ``origin_input_ids`` (so extend rows are checked
   against the request, not against themselves), for a *generated* position (>= the prompt length: the decode rows of a
   MIXED batch, the outputs of a retracted request prefilled again) the oracle's token. Building
-  them on the host replaced about forty small eager torch ops per extend forward (0.86 ms of
-  host time per forward on the H200 host, ``benchmark/results/2026-11-27-h200-tiny-pinned.txt``).
+  them on the host takes the place of about forty small eager torch ops per extend forward.
 
 Off for EAGLE draft-decode forwards (their inputs are draft tokens, and draft slot ``p`` holds
 the token of position ``p + 1``).

@@ -26,9 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang.jit_kernel.kv_canary.hashing import require_int64_same_shape
-
-RIDS_INT_ATTR = "rids_int"
-BOOTSTRAP_ROOM_IDS_INT_ATTR = "bootstrap_room_ids_int"
+from sglang.srt.kv_canary.batch.carrier import BOOTSTRAP_ROOM_IDS_INT_ATTR, RIDS_INT_ATTR
 RID_PAD_VALUE = 0  # rids_int of a padded row
 ROOM_PAD_VALUE = -1  # bootstrap_room_ids_int of a padded row (and of a request without a room)
 _INT64_MAX = (1 << 63) - 1

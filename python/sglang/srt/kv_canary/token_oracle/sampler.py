@@ -33,7 +33,7 @@ from sglang.srt.kv_canary.perturb.next_token_swap import (
     NextTokenSwapState,
     maybe_perturb_swap_next_tokens,
 )
-from sglang.srt.kv_canary.runner.batch_inputs import batch_inputs_of
+from sglang.srt.kv_canary.batch.carrier import batch_inputs_of
 from sglang.srt.kv_canary.token_oracle.graph_tokens import GraphOracleTokens
 from sglang.srt.kv_canary.token_oracle.request_ids import request_ids_of
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager

@@ -9,16 +9,16 @@ graphs, on the forward's stream, never synchronizing) it verifies at most
 whole tree. Each slot is checked against what the tree says it holds: its position (the node's
 depth plus the offset), its token (the node's key), its chain value (from the record of the
 previous slot of the same path, or the anchor at position 0) and, with real data, its
-fingerprint. Violations are reported with ``check=sweep``.
+fingerprint. Violations are reported with ``check=sweep``. Which caches can be walked, and the
+record slots of a node's KV indices, are the pool seam's
+(:meth:`~..pools.seam.CanaryPool.sweep_refusal`, :meth:`~..pools.seam.CanaryPool.cached_record_slots`).
 
 The walk keeps a stack of tree nodes between steps. The scheduler changes the tree only between
 forwards, so each step sees a consistent tree: a node evicted since it was stacked (no longer
 its parent's child) is skipped, its slots may belong to someone else now; a node split since
 then is still a valid path (its depth is recomputed from its parent chain when it is visited,
-and the new parent node is covered by a later pass). Only SGLang's plain ``RadixCache`` is walked
-(with EAGLE, whose keys are bigrams, the sweep belongs to the target model's canary: the tree's
-slots are the target pool's); any other cache type is refused at start-up by
-:func:`unsupported_sweep_cache`.
+and the new parent node is covered by a later pass). With EAGLE, whose keys are bigrams, the
+sweep belongs to the target model's canary: the tree's slots are the target pool's.
 """
 
 from __future__ import annotations
@@ -30,27 +30,10 @@ from typing import Any
 import torch
 
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState, SweepEntries
+from sglang.srt.kv_canary.pools.seam import CanaryPool
 
 SLOTS_PER_STEP = 1 << 15  # slots verified per forward step at most
 _NO_PREVIOUS = -1  # prev slot of position 0: the chain must be the anchor
-
-
-def unsupported_sweep_cache(tree_cache: object) -> str | None:
-    """Why the sweep cannot walk ``tree_cache`` (None when it can: SGLang's plain RadixCache)."""
-    from sglang.srt.mem_cache.radix_cache import RadixCache
-
-    if type(tree_cache) is RadixCache:  # EAGLE's too (bigram keys: slot i holds token i)
-        return None
-    name = type(tree_cache).__name__
-    hint = (
-        "the radix cache is disabled (--disable-radix-cache)"
-        if "Chunk" in name
-        else f"the scheduler's prefix cache is {name}"
-    )
-    return (
-        f"SGLANG_KV_CANARY_SWEEP_INTERVAL needs SGLang's RadixCache, but {hint}; unset "
-        "SGLANG_KV_CANARY_SWEEP_INTERVAL or use the default radix cache"
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,8 +49,9 @@ class RadixSweep:
     """Incremental passes over one radix cache (see the module docstring).
 
     Args:
-        tree_cache: SGLang's ``RadixCache``.
+        tree_cache: a prefix cache the pool seam can walk (SGLang's ``RadixCache``).
         state: the canary's device state (records, ring, counters).
+        pool: the pool seam (the record slots of a node's KV indices).
         launch: the sweep launch (``launch_sweep(*, state, entries)``).
         interval: a pass starts every ``interval`` forward steps (when none is running).
         slots_per_step: bound of the slots verified per forward step.
@@ -78,6 +62,7 @@ class RadixSweep:
         *,
         tree_cache: Any,
         state: CanaryDeviceState,
+        pool: CanaryPool,
         launch: Callable[..., None],
         interval: int,
         slots_per_step: int = SLOTS_PER_STEP,
@@ -87,6 +72,7 @@ class RadixSweep:
                              f"{slots_per_step}")
         self._tree = tree_cache
         self._state = state
+        self._pool = pool
         self._launch = launch
         self._interval = interval
         self._slots_per_step = slots_per_step
@@ -153,10 +139,10 @@ class RadixSweep:
             previous = (
                 self._no_previous
                 if parent is root
-                else parent.value[-1:].to(device=self._device, dtype=torch.int64)
+                else self._pool.cached_record_slots(parent.value[-1:])
             )
             pieces.append(_NodePiece(
-                slots=node.value.to(device=self._device, dtype=torch.int64),
+                slots=self._pool.cached_record_slots(node.value),
                 previous=previous,
                 first_position=depth,
                 # (an EAGLE tree keys bigrams: its raw tokens end with the next node's first)

@@ -18,21 +18,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from sglang.srt.kv_canary.token_oracle.request_ids import (
-    BOOTSTRAP_ROOM_IDS_INT_ATTR,
-    RIDS_INT_ATTR,
-)
-
-if TYPE_CHECKING:
-    from sglang.srt.kv_canary.perturb.next_token_swap import SampledRows
-    from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner
-    from sglang.srt.kv_canary.runner.request_rows import RowUpdates
-
 ATTRIBUTE = "kv_canary"
+# the request ids' public names on a ForwardBatch and its SamplingBatchInfo (SPEC §3)
+RIDS_INT_ATTR = "rids_int"
+BOOTSTRAP_ROOM_IDS_INT_ATTR = "bootstrap_room_ids_int"
 REQ_ALL_IDS_FLAT_ATTR = "req_all_ids_flat"
 REQ_ALL_IDS_LENS_ATTR = "req_all_ids_lens"
 
@@ -45,23 +38,31 @@ class CanaryBatchInputs:
     one is built per forward on the decode step's host path, where a frozen dataclass's
     field-by-field ``object.__setattr__`` costs about three times a plain one's construction.
 
+    The fields the runner alone reads are typed ``object`` here: this module is the ground
+    floor and imports nothing above it.
+
     Attributes:
-        runner: the model runner's canary that built this.
+        runner: the model runner's canary that built this (a
+            :class:`~sglang.srt.kv_canary.runner.canary_runner.CanaryRunner`; hooks that see only
+            a batch dispatch to it).
         rids_int / bootstrap_room_ids_int: int64 ``[rows]`` device tensors (token oracle).
-        row_updates: host bookkeeping of the batch's request rows and the packed host data
-            (token-history tokens, owner chain values) to upload before the forward.
-        sampled_rows: the rows' rids and sampled positions (the next-token-swap log line; only
-            when that fault is configured).
+        row_updates: the packed host updates of the batch's request rows
+            (:class:`~sglang.srt.kv_canary.runner.request_rows.RowUpdates`: new owners' token
+            histories and owner chains) to upload before the forward; None when the forward
+            sends none (a decode step: the device already knows every row).
+        sampled_rows: the rows' rids and sampled positions
+            (:class:`~sglang.srt.kv_canary.perturb.next_token_swap.SampledRows`, for the
+            next-token-swap log line; only when that fault is configured).
         extend_reqs: the batch's requests, one per row (``ModelWorkerBatch.reqs``), kept for an
             EXTEND / MIXED batch's write-input expectations, which the runner builds once the
             model is enqueued.
     """
 
-    runner: CanaryRunner
+    runner: object
     rids_int: torch.Tensor | None = None
     bootstrap_room_ids_int: torch.Tensor | None = None
-    row_updates: RowUpdates | None = None
-    sampled_rows: SampledRows | None = None
+    row_updates: object | None = None
+    sampled_rows: object | None = None
     extend_reqs: Sequence[Any] | None = None
 
     def replace(self, **changes: Any) -> CanaryBatchInputs:
@@ -113,7 +114,7 @@ def carried_field(holder: Any, field: str, *, what: str, consequence: str = "") 
     return value
 
 
-def runner_of_batch(holder: Any) -> CanaryRunner:
+def runner_of_batch(holder: Any) -> Any:
     """The runner whose ``init_new`` hook built ``holder``'s carrier.
 
     Raises:

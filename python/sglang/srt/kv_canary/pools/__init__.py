@@ -1,0 +1,73 @@
+"""The pool seam (:mod:`.seam`) and its implementations: :func:`canary_pool_for` picks the one for
+a model runner's pools or refuses them with the reason and what to change.
+
+Implementations: :class:`.mha.MHACanaryPool` (``MHATokenToKVPool``). Every other pool type is
+refused at start-up (:data:`POOL_ADVICE` says what to change); an issue that adds a pool type adds
+its implementation to :data:`CANARY_POOL_TYPES`, and nothing else in the runner changes.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.kv_canary.errors import CanaryUnsupportedError
+from sglang.srt.kv_canary.pools.mha import MHACanaryPool
+from sglang.srt.kv_canary.pools.seam import CanaryPool
+
+CANARY_POOL_TYPES = (MHACanaryPool,)
+
+# Pool classes without an implementation yet, with what to change.
+POOL_ADVICE: dict[str, str] = {
+    "MHATokenToKVPoolFP4": "use a --kv-cache-dtype other than fp4_e2m1",
+    "NoOpMHATokenToKVPool": "remove --prefill-only-disable-kv-cache",
+    "MLATokenToKVPool": "MLA models (DeepSeek-style attention) are not supported yet",
+    "MLATokenToKVPoolFP4": "MLA models (DeepSeek-style attention) are not supported yet",
+    "NSATokenToKVPool": "NSA models (DeepSeek V3.2 attention) are not supported yet",
+    "SWAKVPool": "hybrid sliding-window models are not supported yet",
+    "HybridLinearKVPool": "hybrid linear-attention / mamba models are not supported yet",
+    "DeepSeekV4TokenToKVPool": "DeepSeek V4 models are not supported yet",
+}
+
+
+def pool_refusals(*, req_to_token_pool: object, token_to_kv_pool: object) -> list[str]:
+    """Reasons the canary cannot keep records beside these pools; empty when both are covered
+    (the request pool must be SGLang's plain ``ReqToTokenPool``)."""
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    reasons: list[str] = []
+    if not any(pool_type.accepts(token_to_kv_pool) for pool_type in CANARY_POOL_TYPES):
+        name = type(token_to_kv_pool).__name__
+        covered = ", ".join(pool_type.kind for pool_type in CANARY_POOL_TYPES)
+        advice = POOL_ADVICE.get(name, "only MHA models with the plain KV pool are supported")
+        reasons.append(
+            f"the KV pool is {name}, but the canary covers {covered} only: {advice}"
+        )
+    if type(req_to_token_pool) is not ReqToTokenPool:
+        reasons.append(
+            f"the request pool is {type(req_to_token_pool).__name__}, but the canary supports "
+            "ReqToTokenPool only (mamba / PD-decode request pools are not supported yet)"
+        )
+    return reasons
+
+
+def canary_pool_for(*, req_to_token_pool: object, token_to_kv_pool: object) -> CanaryPool:
+    """The :class:`~.seam.CanaryPool` of a model runner's pools.
+
+    Raises:
+        CanaryUnsupportedError: :func:`pool_refusals` found a reason.
+    """
+    reasons = pool_refusals(req_to_token_pool=req_to_token_pool,
+                            token_to_kv_pool=token_to_kv_pool)
+    if reasons:
+        raise CanaryUnsupportedError(reasons)
+    pool_type = next(t for t in CANARY_POOL_TYPES if t.accepts(token_to_kv_pool))
+    return pool_type(token_to_kv_pool)
+
+
+def record_bytes_per_kv_token() -> int:
+    """Record bytes per KV token of the pools SGLang sizes with its ``DefaultPoolConfigurator``
+    (the MHA pool): what the memory hook adds to the cell size before the pool exists."""
+    return MHACanaryPool.record_bytes_per_token()
+
+
+def extra_record_rows(*, page_size: int) -> int:
+    """Record rows such a pool has beyond its token capacity (its padding page)."""
+    return MHACanaryPool.extra_record_rows(page_size=page_size)
