@@ -74,7 +74,7 @@ shard 2 oracle-eagle 265
     test/registered/token_oracle/test_oracle_e2e.py::test_every_token_follows_the_oracle_with_eagle
 shard 2 kernels-differential 185
     test/registered/kernels/test_canary_forward_differential.py
-shard 2 kernels 170
+shard 2 kernels 200
     test/registered/kernels/test_accepted_owner_kernel.py
     test/registered/kernels/test_admission_owner_kernel.py
     test/registered/kernels/test_append_history_kernel.py
