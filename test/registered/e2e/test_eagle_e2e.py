@@ -43,7 +43,7 @@ from _workloads import (
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
 from sglang.srt.kv_canary.monitor.violations import find_violation_rows
-from sglang.srt.kv_canary.runner.canary_runner import DRAFT_LINE_SUFFIX
+from sglang.srt.kv_canary.runner.components import DRAFT_LINE_SUFFIX
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=600, suite="kv-canary-gpu")

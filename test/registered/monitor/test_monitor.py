@@ -7,7 +7,6 @@ dropped rows, raise mode raises with the lines."""
 
 import logging
 import sys
-from collections.abc import Callable
 
 import pytest
 import torch

@@ -47,7 +47,6 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
-from sglang.jit_kernel.kv_canary.hashing import chain_after_scalar
 from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 from sglang.srt.kv_canary.hook_targets import select_hook_specs
 from sglang.srt.kv_canary.hooks.forward_batch import after_init_new

@@ -65,7 +65,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryBatchView, CanaryDeviceState
 from sglang.srt.kv_canary.batch.carrier import (
     CanaryBatchInputs,
@@ -78,24 +77,19 @@ from sglang.srt.kv_canary.batch.forward_kind import ForwardKind, forward_kind, h
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig, get_active_config
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError, refuse_unless_supported
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
-from sglang.srt.kv_canary.perturb.injector import FaultInjector, build_fault_injector
+from sglang.srt.kv_canary.perturb.injector import FaultInjector
 from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState, SampledRows
-from sglang.srt.kv_canary.pools import canary_pool_for
 from sglang.srt.kv_canary.pools.seam import CanaryPool
 from sglang.srt.kv_canary.runner.batch_view import build_batch_view
-from sglang.srt.kv_canary.runner.device_state import allocate_device_state
+from sglang.srt.kv_canary.runner.components import (
+    PoolComponents,
+    build_pool_components,
+    installed_line,
+)
 from sglang.srt.kv_canary.runner.graph_request_ids import GraphRequestIds
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.launch_accounting import LaunchAccounting, capturing
-from sglang.srt.kv_canary.runner.memory_budget import (
-    UPLOAD_STAGING_WORDS,
-    MemoryBudget,
-    graph_max_bs_bound,
-    max_tokens_per_forward,
-    per_token_bytes,
-    seq_lens_mirror_rows,
-    uniform_block_rows,
-)
+from sglang.srt.kv_canary.runner.memory_budget import MemoryBudget
 from sglang.srt.kv_canary.runner.model_forward import install_model_forward
 from sglang.srt.kv_canary.runner.radix_sweep import RadixSweep
 from sglang.srt.kv_canary.runner.refusals import unsupported_server_args
@@ -107,13 +101,6 @@ from sglang.srt.kv_canary.runner.speculative import (
     verify_sample,
 )
 from sglang.srt.kv_canary.runner.token_checks import TokenChecks
-from sglang.srt.kv_canary.runner.upload_buffers import (
-    UPLOAD_BUFFER_SLOTS,
-    UPLOAD_BUFFER_WORDS,
-    UploadBufferRing,
-)
-from sglang.srt.kv_canary.token_history.history import TokenHistory
-from sglang.srt.kv_canary.token_history.write_expectations import WriteExpectations
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 from sglang.srt.kv_canary.token_oracle.oracle import HashOracle
 from sglang.srt.kv_canary.token_oracle.request_ids import (
@@ -131,7 +118,6 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 logger = logging.getLogger(__name__)
 
 RUNNER_ATTRIBUTE = "kv_canary"  # attribute of a ModelRunner
-DRAFT_LINE_SUFFIX = " pool=draft"  # ends the EAGLE draft canary's violation / health / stats lines
 _ORACLE_VARIABLE = "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE"
 _EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 _T = TypeVar("_T")
@@ -165,7 +151,8 @@ class CanaryRunner:
         # the next-token swap's log line names the rows it swapped (only that fault reads them)
         self._logs_sampled_rows = config.perturb.next_token_swap_prob > 0
         self.graph_ids: GraphRequestIds | None = None
-        # built when the KV pool exists (on_memory_pool), canary on
+        # built when the KV pool exists (on_memory_pool), canary on; None until then
+        self.parts: PoolComponents | None = None
         self.pool: CanaryPool | None = None
         self.state: CanaryDeviceState | None = None
         self.monitor: CanaryMonitor | None = None
@@ -173,8 +160,8 @@ class CanaryRunner:
         self.request_rows: RequestRows | None = None
         self.uploader: RowUploader | None = None
         self.speculative: SpeculativeCanary | None = None
-        self.sweep: RadixSweep | None = None
         self._injector: FaultInjector | None = None
+        self.sweep: RadixSweep | None = None
         self._last_upload: RowUpdates | None = None
         self._steps = 0
         self._serving = False
@@ -230,106 +217,33 @@ class CanaryRunner:
         return self.memory.reserve(available_bytes)
 
     def on_memory_pool(self) -> None:
-        """The KV pool exists (before graph capture): build the pool seam, the device state and
-        the components beside it, and wrap ``model.forward``.
+        """The KV pool exists (before graph capture): build the components beside it
+        (:func:`~.components.build_pool_components`) and wrap ``model.forward``.
 
         Raises:
             CanaryUnsupportedError: the pools are not ones the canary covers.
             RuntimeError: the canary is already installed on this runner.
         """
-        if self.state is not None:
+        if self.parts is not None:
             raise RuntimeError("KV canary: already installed on this ModelRunner")
         model_runner = self._model_runner
-        config = self.config
-        server_args = model_runner.server_args
-        req_to_token = model_runner.req_to_token_pool.req_to_token
-        self.pool = canary_pool_for(
-            req_to_token_pool=model_runner.req_to_token_pool,
-            token_to_kv_pool=model_runner.token_to_kv_pool,
+        parts = self.parts = build_pool_components(
+            config=self.config, model_runner=model_runner, kernels=self._kernels,
+            oracle=self.oracle, accounting=self.accounting, device=self._device,
         )
-        state = self.state = allocate_device_state(
-            config=config, pool=self.pool, req_to_token=req_to_token
-        )
-        rows, columns = req_to_token.shape
-        speculative = server_args.speculative_algorithm is not None
-        pin_memory = self._device.type == "cuda"
-        if config.token_history_enabled:
-            self.token_checks = TokenChecks(
-                history=TokenHistory(
-                    num_rows=rows, max_context_len=columns, device=self._device,
-                    scatter=self._kernels.scatter_req_token_ids,
-                    append=self._kernels.append_history_tokens,
-                ),
-                expectations=self._write_expectations(),
-                oracle=self.oracle,
-                verify_token=config.enable_verify_token_assert,
-                appends_sampled=not speculative,
-                device=self._device,
-            )
-        ring = UploadBufferRing(
-            slots=UPLOAD_BUFFER_SLOTS, words=UPLOAD_BUFFER_WORDS, pin_memory=pin_memory,
-        )
-        self.request_rows = RequestRows(
-            num_rows=rows, token_history=self.token_checks is not None, owner_chains=True,
-            pin_memory=pin_memory, history_tails=speculative,
-            history_offset=1 if self._is_draft else 0, upload_buffers=ring,
-        )
-        self.uploader = RowUploader(
-            state=state, request_rows=self.request_rows,
-            token_history=None if self.token_checks is None else self.token_checks.history,
-            admission_check=self._kernels.admission_owner_check, ring=ring,
-            mirror_rows=seq_lens_mirror_rows(server_args, request_rows=rows),
-            staging_words=UPLOAD_STAGING_WORDS, device=self._device,
-        )
-        if speculative:
-            self.speculative = SpeculativeCanary(
-                state=state, accounting=self.accounting,
-                accepted_owner_resync=self._kernels.accepted_owner_resync,
-                block_rows=uniform_block_rows(
-                    request_rows=rows, graph_max_bs=graph_max_bs_bound(server_args)
-                ),
-                draft_tokens=server_args.speculative_num_draft_tokens,
-                is_draft=self._is_draft,
-                reinject_padded_row_bug=config.reinject_padded_row_bug,
-            )
+        # the components the events dispatch to (fixed from here on)
+        self.pool, self.state, self.monitor = parts.pool, parts.state, parts.monitor
+        self.token_checks, self.request_rows = parts.token_checks, parts.request_rows
+        self.uploader, self.speculative = parts.uploader, parts.speculative
+        self._injector = parts.injector
         install_model_forward(
             model=model_runner.model, before=self.launch_before_model,
             after=self.launch_after_model,
         )
-        self.monitor = CanaryMonitor(
-            state=state, config=config, seal=self._kernels.publish_counters,
-            line_suffix=DRAFT_LINE_SUFFIX if self._is_draft else "",
-        )
-        # faults are injected into the target model's forwards (the draft canary checks its
-        # own pool and reports with DRAFT_LINE_SUFFIX)
-        self._injector = None if self._is_draft else build_fault_injector(
-            config=config.perturb, state=state, pool=self.pool,
-            vocab_size=model_runner.model_config.vocab_size,
-        )
-        logger.info(self._installed_line())
-
-    def _write_expectations(self) -> WriteExpectations | None:
-        """The write-input assert's expectations (assert on, target model only: an EAGLE draft
-        model's inputs are the next position's tokens or guesses).
-
-        Raises:
-            RuntimeError: the assert is on but no oracle is installed.
-        """
-        if not self.config.enable_write_input_assert or self._is_draft:
-            return None
-        if self.oracle is None:
-            raise RuntimeError(
-                "KV canary: SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT=1 compares inputs with "
-                "the token oracle, but no oracle is installed on this ModelRunner"
-            )
-        model_runner = self._model_runner
-        return WriteExpectations(
-            oracle=self.oracle,
-            capacity=max_tokens_per_forward(
-                model_runner.server_args, max_running_requests=model_runner.max_running_requests
-            ),
-            device=self._device,
-        )
+        logger.info(installed_line(
+            parts=parts, config=self.config, kernels=self._kernels, is_draft=self._is_draft,
+            reserved=self.memory.fixed_buffers(page_size=model_runner.token_to_kv_pool.page_size),
+        ))
 
     def on_capture_start(self, *, graph_runner: Any) -> None:
         """Before a decode graph (re)capture: its eager warm-up runs see padding rows only (a
@@ -788,33 +702,6 @@ class CanaryRunner:
         return self.speculative.sample_verify(
             oracle=self.oracle, batch=batch, logits_output=logits_output,
             verify_input=verify_input, sample=sample,
-        )
-
-    # ================================================================= internals
-
-    def _installed_line(self) -> str:
-        state = self.state
-        buffers = self.memory.fixed_buffers(page_size=self._model_runner.token_to_kv_pool.page_size)
-        real_data = "off"
-        if state.real_data is not None:
-            real_data = (
-                f"{self.config.real_data.value} ({len(state.real_data.sources)} sources per slot)"
-            )
-        token_checks = "token checks off" if self.token_checks is None \
-            else self.token_checks.describe()
-        if self._is_draft and self.config.enable_write_input_assert:
-            token_checks += " (EAGLE draft model: the write-input assert checks the target's)"
-        pool = (
-            " on the EAGLE draft model's pool (slot p holds the token at p + 1; its lines end "
-            f"with '{DRAFT_LINE_SUFFIX.strip()}')" if self._is_draft else ""
-        )
-        return (
-            f"KV canary installed{pool}: pool {self.pool.describe()}; records {RECORD_BYTES} "
-            f"B/slot x {state.num_slots} slots = {state.num_slots * RECORD_BYTES / 2**20:.2f} "
-            f"MiB, violation ring {state.ring_capacity} rows, real data {real_data}, "
-            f"{token_checks}, kernels {self._kernels.backend.value}, device {state.device}; "
-            f"memory from the KV budget: {per_token_bytes()} B/token added to the KV cell "
-            f"size, fixed buffers reserved {buffers.describe()}"
         )
 
 
