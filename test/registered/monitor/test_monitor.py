@@ -139,8 +139,17 @@ def test_mailbox_skips_an_unlabeled_publication_and_forgets_everything_at_reset(
     assert mailbox.read().steps == 1
 
 
-def _monitor(state: _State, *, mode: CanaryMode = CanaryMode.LOG, **config: int) -> CanaryMonitor:
-    return CanaryMonitor(state=state, config=CanaryConfig(mode=mode, **config), seal=_SEAL)
+def _monitor(state: _State, *, mode: CanaryMode = CanaryMode.LOG,
+             mailbox: CounterMailbox | None = None, **config: int) -> CanaryMonitor:
+    return CanaryMonitor(state=state, config=CanaryConfig(mode=mode, **config), seal=_SEAL,
+                         mailbox=mailbox)
+
+
+def _counting_reads(state: _State, reads: list, record) -> CounterMailbox:
+    """A mailbox of ``state``'s counters whose whole reads append ``record()`` to ``reads``."""
+    mailbox = CounterMailbox(counters=state.counters, seal=_SEAL)
+    mailbox.read = (lambda read=mailbox.read: reads.append(record()) or read())
+    return mailbox
 
 
 def _forward(monitor: CanaryMonitor, step: int) -> None:
@@ -150,16 +159,15 @@ def _forward(monitor: CanaryMonitor, step: int) -> None:
 
 
 class _UnlandedCopies:
-    """Holds the monitor's host copy at what it was: copies enqueued meanwhile have not landed
-    (what a CPU copy cannot show by itself); :meth:`land` lets the newest one arrive."""
+    """A mailbox's host copy whose copies have not landed until :meth:`land` (what a CPU copy
+    cannot show by itself): the words hold what they were, the newest copy waits."""
 
-    def __init__(self, monitor: CanaryMonitor) -> None:
-        self._words = monitor._mailbox._words
-        self._held = self._words.copy()
-        self._host = monitor._mailbox._host
-        self._copy = self._host.copy_
-        monitor._mailbox._host = self  # the mailbox copies into this object now
-        self._newest = self._held
+    def __init__(self) -> None:
+        self._words = torch.zeros(NUM_COUNTERS, dtype=torch.int64).numpy()
+        self._newest = self._words.copy()
+
+    def numpy(self):
+        return self._words
 
     def copy_(self, source: torch.Tensor, *, non_blocking: bool) -> None:
         self._newest = source.numpy().copy()
@@ -188,8 +196,9 @@ def test_violation_surfaces_at_the_next_poll_and_only_once(caplog) -> None:
 
 def test_an_unlanded_copy_delays_the_report_without_waiting(caplog) -> None:
     state = _State()
-    monitor = _monitor(state)
-    copies = _UnlandedCopies(monitor)
+    copies = _UnlandedCopies()
+    monitor = _monitor(state, mailbox=CounterMailbox(counters=state.counters, seal=_SEAL,
+                                                     host=copies))
     state.add_violation(position=3, step=0)
     _forward(monitor, 1)
     monitor.poll()  # the copy has not landed: nothing yet, and no blocking
@@ -202,12 +211,12 @@ def test_an_unlanded_copy_delays_the_report_without_waiting(caplog) -> None:
 def test_idle_passes_poll_after_a_forward_then_at_most_once_per_interval(caplog) -> None:
     state = _State()
     now = [100.0]
-    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG), seal=_SEAL,
-                            clock=lambda: now[0])
-    copies = _UnlandedCopies(monitor)
+    copies = _UnlandedCopies()
     reads = []
-    mailbox = monitor._mailbox
+    mailbox = CounterMailbox(counters=state.counters, seal=_SEAL, host=copies)
     mailbox.read = (lambda read=mailbox.read: reads.append(now[0]) or read())
+    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG), seal=_SEAL,
+                            clock=lambda: now[0], mailbox=mailbox)
     state.add_violation(position=3, step=0)
     _forward(monitor, 1)
     monitor.poll_idle()  # the first idle pass after a forward polls (the copy is in flight)
@@ -236,15 +245,14 @@ def test_polls_read_the_whole_publication_only_when_violations_moved_or_every_fe
     snapshot) when that word moved past the newest snapshot's, and every WHOLE_READ_EVERY_POLLS
     polls, so the snapshots the health check reads stay fresh."""
     state = _State()
-    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG), seal=_SEAL)
     reads = []
-    mailbox = monitor._mailbox
-    mailbox.read = (lambda read=mailbox.read: reads.append(1) or read())
+    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG), seal=_SEAL,
+                            mailbox=_counting_reads(state, reads, lambda: 1))
     for step in range(1, 2 * WHOLE_READ_EVERY_POLLS + 1):
         _forward(monitor, step)
         monitor.poll()
     assert len(reads) == 2  # no violation: the periodic whole reads only
-    assert monitor._latest.steps == 2 * WHOLE_READ_EVERY_POLLS
+    assert monitor.latest.steps == 2 * WHOLE_READ_EVERY_POLLS
     state.add_violation(position=7, step=3)
     _forward(monitor, 2 * WHOLE_READ_EVERY_POLLS + 1)
     monitor.poll()  # the word moved: read whole and reported at once
@@ -357,13 +365,10 @@ def test_health_checks_and_stats_lines_come_at_their_multiples_after_a_whole_rea
     count from 1 again) the multiples start over."""
     caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
     state = _State()
-    monitor = _monitor(state, stats_print_every_n_steps=5, health_check_every_n_steps=3)
-    mailbox = monitor._mailbox
     whole_reads: list[int] = []
     polled_step = [0]
-    mailbox.read = (
-        lambda read=mailbox.read: whole_reads.append(polled_step[0]) or read()
-    )
+    monitor = _monitor(state, stats_print_every_n_steps=5, health_check_every_n_steps=3,
+                       mailbox=_counting_reads(state, whole_reads, lambda: polled_step[0]))
 
     def serve(steps: int) -> tuple[list[int], list[int]]:
         caplog.clear()

@@ -40,13 +40,19 @@ class CounterMailbox:
         counters: the device state's counters, int64 ``[NUM_COUNTERS]``.
         seal: the publish launch, ``seal(counters=...)`` (Triton on a GPU, the torch reference
             on a CPU).
+        host: where the copies land: anything with ``copy_(tensor, non_blocking=...)`` and
+            ``numpy()`` over the same ``[NUM_COUNTERS]`` int64 words (default: a pinned tensor
+            on CUDA, a plain one on a CPU; tests pass copies that land late).
     """
 
-    def __init__(self, *, counters: torch.Tensor, seal: Callable[..., None]) -> None:
+    def __init__(self, *, counters: torch.Tensor, seal: Callable[..., None],
+                 host: object | None = None) -> None:
         self._counters = counters
         self._seal = seal
-        pinned = counters.device.type == "cuda"
-        self._host = torch.zeros(counters.shape, dtype=torch.int64, pin_memory=pinned)
+        if host is None:
+            pinned = counters.device.type == "cuda"
+            host = torch.zeros(counters.shape, dtype=torch.int64, pin_memory=pinned)
+        self._host = host
         self._words = self._host.numpy()
         # the same words read one at a time: indexing a memoryview gives a Python int directly,
         # a third of the time of ``int(self._words[i])`` (the per-forward peeks)

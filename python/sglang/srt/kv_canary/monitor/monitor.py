@@ -23,7 +23,7 @@ from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.monitor.health import HealthChecker
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
-from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT
+from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT, CounterSnapshot
 from sglang.srt.kv_canary.monitor.stats import next_multiple, stats_due, stats_line
 from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
 
@@ -46,12 +46,14 @@ class CanaryMonitor:
         seal: Callable[..., None],
         line_suffix: str = "",
         clock: Callable[[], float] = time.monotonic,
+        mailbox: CounterMailbox | None = None,
     ) -> None:
         """``seal`` is the publish launch (``seal(counters=...)``, see :class:`CounterMailbox`);
         ``line_suffix`` ends every violation, health and stats line (`` pool=draft`` for an
-        EAGLE draft model's canary); ``clock`` (seconds) paces :meth:`poll_idle`."""
+        EAGLE draft model's canary); ``clock`` (seconds) paces :meth:`poll_idle`; ``mailbox``
+        replaces the mailbox of ``state``'s counters (tests: one whose copies land late)."""
         self._suffix = line_suffix
-        self._mailbox = CounterMailbox(counters=state.counters, seal=seal)
+        self._mailbox = mailbox or CounterMailbox(counters=state.counters, seal=seal)
         self._reporter = ViolationReporter(
             ring=state.ring, counters=state.counters, mode=config.mode, line_suffix=line_suffix
         )
@@ -103,6 +105,11 @@ class CanaryMonitor:
         if snapshot is not None:
             self._latest = snapshot
             self._reporter.report(violation_count=snapshot.violations)
+
+    @property
+    def latest(self) -> CounterSnapshot:
+        """The newest counter snapshot read so far."""
+        return self._latest
 
     @property
     def landed_publications(self) -> Callable[[], int]:
