@@ -80,7 +80,10 @@ class TokenChecks:
         }
 
     def on_serving_start(self) -> None:
+        """Serving starts: the start-up forwards' expectations are over, the history's kernels
+        are compiled now (not at the first request)."""
         self._serving = True
+        self.history.warm_up()
 
     def view_fields(self, forward_batch: Any, *, inputs: CanaryBatchInputs | None
                     ) -> dict[str, Any]:

@@ -77,6 +77,18 @@ class TokenHistory:
             pool_out=self.tokens, history_lens=lens, history_lens_out=self.lens,
         )
 
+    def warm_up(self) -> None:
+        """Launch both writers once on padding row 0 alone (they change nothing there), so the
+        first served request does not wait for their kernels to compile."""
+        device = self.tokens.device
+        row = torch.zeros((1,), dtype=torch.int64, device=device)
+        self._scatter(flat_in=row[:0], offsets=torch.zeros((2,), dtype=torch.int64, device=device),
+                      req_pool_indices=row, pool_out=self.tokens,
+                      history_lens=torch.zeros((1,), dtype=torch.int64, device=device),
+                      history_lens_out=self.lens)
+        self._append(req_pool_indices=row, seq_lens=row, tokens=row, pool_out=self.tokens,
+                     history_lens_out=self.lens)
+
     def append_sampled(
         self, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, tokens: torch.Tensor
     ) -> None:
