@@ -420,6 +420,9 @@ def test_sampled_tokens_are_appended_on_the_device_and_new_owners_scattered() ->
     calls: dict[str, int] = {}
     server, runner = token_check_server(token_config(write_input=False),
                                         kernels=_counting(KERNELS, calls))
+    assert calls == {"scatter": 1, "append": 1}  # compiled at serving start, on padding row 0
+    assert not runner.token_checks.history.lens.any()  # which stays empty
+    calls.clear()
     history = runner.token_checks.history
     a, b = _request(server, "a", _prompt(1, 6)), _request(server, "b", _prompt(2, 5))
     server.extend([(a, 6), (b, 5)])
