@@ -100,6 +100,35 @@ def test_random_batches_append_exactly_where_the_row_s_history_ends(impl, device
         _run(impl, device, rows, positions, tokens, index_dtype=index_dtype, start=start)
 
 
+@pytest.mark.parametrize("impl, device", IMPLS)
+def test_the_bound_append_matches_the_contract_and_checks_each_call(impl, device):
+    """Bound once to a history (what the runtime does), each call appends exactly as the
+    unbound launch does, and a bad per-batch tensor is refused naming it."""
+    pool, lens_out = _start(4)
+    expected = (pool.clone(), lens_out.clone())
+    pool_d, lens_d = pool.to(device), lens_out.to(device)
+    append = append_history_impl(impl).bind_append_history_tokens(pool_out=pool_d,
+                                                                  history_lens_out=lens_d)
+    rng = random.Random(3)
+    for _ in range(6):
+        rows = rng.sample(range(1, POOL_ROWS), 3)
+        positions = [int(expected[1][row]) for row in rows]
+        tokens = [rng.randrange(1000) for _ in rows]
+        append(req_pool_indices=torch.tensor(rows, device=device),
+               seq_lens=torch.tensor(positions, device=device),
+               tokens=torch.tensor(tokens, dtype=torch.int32, device=device))
+        expected = _expected(*expected, rows, positions, tokens)
+    assert torch.equal(pool_d.cpu(), expected[0]) and torch.equal(lens_d.cpu(), expected[1])
+    good = torch.zeros(4, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="seq_lens must be contiguous"):
+        append(req_pool_indices=good, seq_lens=torch.zeros(8, dtype=torch.int64,
+                                                           device=device)[::2], tokens=good)
+    with pytest.raises(TypeError, match="tokens must be torch.int32 or torch.int64"):
+        append(req_pool_indices=good, seq_lens=good, tokens=good.to(torch.float32))
+    with pytest.raises(ValueError, match="req_pool_indices must be 1-D"):
+        append(req_pool_indices=good[:3], seq_lens=good, tokens=good)
+
+
 def _tensors(device: str = "cpu"):
     return dict(
         req_pool_indices=torch.zeros(4, dtype=torch.int64, device=device),

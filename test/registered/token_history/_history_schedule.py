@@ -145,13 +145,13 @@ class SyncedHistory:
     (unless ``history_tails``)."""
 
     def __init__(self, *, history_tails: bool, rows: int, width: int, device: str,
-                 scatter: Callable[..., None], append: Callable[..., None]) -> None:
+                 scatter: Callable[..., None], bind_append: Callable[..., Callable[..., None]]) -> None:
         self.device = device
         self.history_tails = history_tails
         self.rows = RequestRows(num_rows=rows, token_history=True, owner_chains=False,
                                 pin_memory=device == "cuda", history_tails=history_tails)
         self.history = TokenHistory(num_rows=rows, max_context_len=width, device=device,
-                                    scatter=scatter, append=append)
+                                    scatter=scatter, bind_append=bind_append)
         self.tokens_sent = 0
 
     def forward(self, batch: list[ForwardRow]) -> None:

@@ -408,7 +408,8 @@ def _counting(kernels: CanaryKernels, calls: dict[str, int]) -> CanaryKernels:
     return dataclasses.replace(
         kernels,
         scatter_req_token_ids=counted("scatter", kernels.scatter_req_token_ids),
-        append_history_tokens=counted("append", kernels.append_history_tokens),
+        bind_append_history_tokens=lambda **bound: counted(
+            "append", kernels.bind_append_history_tokens(**bound)),
     )
 
 

@@ -37,9 +37,9 @@ register_cpu_ci(est_time=45, suite="kv-canary-cpu")
 
 _DEVICE = "cpu"
 _REF = dict(scatter=scatter_req_token_ids_torch_reference,
-            append=append_history_ref.launch_append_history_tokens)
+            bind_append=append_history_ref.bind_append_history_tokens)
 _TRITON = dict(scatter=launch_scatter_req_token_ids_kernel,
-               append=append_history.launch_append_history_tokens)
+               bind_append=append_history.bind_append_history_tokens)
 
 
 @pytest.fixture(autouse=True)

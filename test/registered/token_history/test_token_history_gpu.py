@@ -21,14 +21,14 @@ _DEVICE = "cuda"
 
 
 def _synced(*, history_tails: bool, rows: int, width: int) -> SyncedHistory:
-    from sglang.jit_kernel.kv_canary.append_history import launch_append_history_tokens
+    from sglang.jit_kernel.kv_canary.append_history import bind_append_history_tokens
     from sglang.jit_kernel.kv_canary.scatter_req_token_ids import (
         launch_scatter_req_token_ids_kernel,
     )
 
     return SyncedHistory(history_tails=history_tails, rows=rows, width=width, device=_DEVICE,
                          scatter=launch_scatter_req_token_ids_kernel,
-                         append=launch_append_history_tokens)
+                         bind_append=bind_append_history_tokens)
 
 
 def _prepare(synced: SyncedHistory, reqs: list[FakeReq]):

@@ -20,7 +20,8 @@ device. A batch names each request row at most once (SGLang's batches do).
 
 Graph safety: the grid depends on ``n`` only, no value is read on the host; no host sync,
 nothing allocated. No argument is specialized on its value, so the launch goes through a
-:class:`.direct_launch.DirectLauncher`. The plain-torch twin is :mod:`.append_history_ref` (same
+:class:`.direct_launch.DirectLauncher`; :func:`bind_append_history_tokens` binds the persistent
+history once (the per-batch tensors are the launch's leading parameters). The plain-torch twin is :mod:`.append_history_ref` (same
 keyword signature, same results).
 """
 
@@ -39,17 +40,19 @@ NUM_WARPS = 4
 
 
 @triton.jit(
-    do_not_specialize=["req_pool_indices_ptr", "seq_lens_ptr", "tokens_ptr", "pool_out_ptr",
-                       "history_lens_out_ptr", "num_rows", "num_pool_rows", "max_context_len",
-                       "pool_row_stride", "pool_col_stride"],
+    do_not_specialize=["req_pool_indices_ptr", "seq_lens_ptr", "tokens_ptr", "num_rows",
+                       "pool_out_ptr", "history_lens_out_ptr", "num_pool_rows",
+                       "max_context_len", "pool_row_stride", "pool_col_stride"],
 )
 def _append_history_tokens_kernel(
+    # per launch
     req_pool_indices_ptr,
     seq_lens_ptr,
     tokens_ptr,
+    num_rows,
+    # fixed per history (the bound tail of bind_append_history_tokens)
     pool_out_ptr,
     history_lens_out_ptr,
-    num_rows,
     num_pool_rows,
     max_context_len,
     pool_row_stride,
@@ -85,32 +88,67 @@ def launch_append_history_tokens(
     Raises:
         TypeError / ValueError: see :func:`.kernel_inputs.check_append_history_inputs`.
     """
-    rows = check_append_history_inputs(
+    check_append_history_inputs(
         req_pool_indices=req_pool_indices, seq_lens=seq_lens, tokens=tokens,
         pool_out=pool_out, history_lens_out=history_lens_out,
     )
-    require_cuda_or_interpreter(
-        device=pool_out.device, kernel_interpreted=_INTERPRETED,
-        who_needs="launch_append_history_tokens needs",
-        reference="append_history_ref (same contract)",
-    )
-    if rows == 0:
-        return
-    _LAUNCH(
-        (ceil_div(rows, BLOCK),),
-        req_pool_indices,
-        seq_lens,
-        tokens,
-        pool_out,
-        history_lens_out,
-        rows,
-        pool_out.shape[0],
-        pool_out.shape[1],
-        pool_out.stride(0),
-        pool_out.stride(1),
-        BLOCK,
+    bind_append_history_tokens(pool_out=pool_out, history_lens_out=history_lens_out)(
+        req_pool_indices=req_pool_indices, seq_lens=seq_lens, tokens=tokens
     )
 
 
+def bind_append_history_tokens(
+    *, pool_out: torch.Tensor, history_lens_out: torch.Tensor
+) -> AppendHistoryTokens:
+    """The append into one persistent history, its tensors checked and bound once: each call
+    takes the per-batch tensors only and checks only them (the runtime appends every sampled
+    forward's tokens; the bound form keeps that launch's host work small).
+
+    Raises:
+        TypeError / ValueError: see :func:`.kernel_inputs.check_append_history_inputs`.
+    """
+    return AppendHistoryTokens(pool_out=pool_out, history_lens_out=history_lens_out)
+
+
+class AppendHistoryTokens:
+    """:func:`bind_append_history_tokens`: call with ``req_pool_indices``, ``seq_lens`` and
+    ``tokens`` (the contract of the module docstring)."""
+
+    def __init__(self, *, pool_out: torch.Tensor, history_lens_out: torch.Tensor) -> None:
+        empty = torch.zeros((0,), dtype=torch.int64, device=pool_out.device)
+        check_append_history_inputs(req_pool_indices=empty, seq_lens=empty, tokens=empty,
+                                    pool_out=pool_out, history_lens_out=history_lens_out)
+        require_cuda_or_interpreter(
+            device=pool_out.device, kernel_interpreted=_INTERPRETED,
+            who_needs="launch_append_history_tokens needs",
+            reference="append_history_ref (same contract)",
+        )
+        self._pool_out = pool_out
+        self._history_lens_out = history_lens_out
+        self._device = pool_out.device
+        self._launch = _LAUNCH.with_tail((
+            pool_out, history_lens_out, pool_out.shape[0], pool_out.shape[1],
+            pool_out.stride(0), pool_out.stride(1), BLOCK,
+        ))
+
+    def __call__(self, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                 tokens: torch.Tensor) -> None:
+        rows = tokens.shape[0]
+        device = self._device
+        if not all(
+            tensor.dtype in _INDEX_DTYPES and tensor.dim() == 1 and tensor.shape[0] == rows
+            and tensor.is_contiguous() and tensor.device == device
+            for tensor in (req_pool_indices, seq_lens, tokens)
+        ):
+            check_append_history_inputs(  # raises, naming the argument
+                req_pool_indices=req_pool_indices, seq_lens=seq_lens, tokens=tokens,
+                pool_out=self._pool_out, history_lens_out=self._history_lens_out,
+            )
+        if rows == 0:
+            return
+        self._launch((ceil_div(rows, BLOCK),), req_pool_indices, seq_lens, tokens, rows)
+
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
 _INTERPRETED = interpreted(_append_history_tokens_kernel)
 _LAUNCH = DirectLauncher(_append_history_tokens_kernel, num_warps=NUM_WARPS)

@@ -93,7 +93,8 @@ def build_pool_components(
         token_checks = TokenChecks(
             history=TokenHistory(
                 num_rows=rows, max_context_len=columns, device=device,
-                scatter=kernels.scatter_req_token_ids, append=kernels.append_history_tokens,
+                scatter=kernels.scatter_req_token_ids,
+                bind_append=kernels.bind_append_history_tokens,
             ),
             expectations=_write_expectations(config=config, model_runner=model_runner,
                                              oracle=oracle, is_draft=is_draft, device=device),

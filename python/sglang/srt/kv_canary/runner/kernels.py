@@ -41,9 +41,9 @@ class CanaryKernels:
     ``(*, state, req_pool_indices, prefix_lens, chains)`` (deferred admissions, between the
     model forward and the post launch); ``accepted_owner_resync`` takes ``(*, state,
     req_pool_indices, out_cache_loc, accept_lens, block)`` (after an EAGLE verification). Those
-    four run outside graphs. ``append_history_tokens`` (keyword contract of
-    ``launch_append_history_tokens``) appends the sampled tokens to the token history, after
-    ``ModelRunner.sample`` (outside graphs). ``publish_counters`` (keyword contract of
+    four run outside graphs. ``bind_append_history_tokens`` (keyword contract of that
+    function) binds the append of the sampled tokens to one token history; the runtime calls the
+    bound append after ``ModelRunner.sample`` (outside graphs). ``publish_counters`` (keyword contract of
     ``launch_publish_counters``) seals the counters for the host's copy after each forward,
     captured into decode graphs.
     """
@@ -55,7 +55,7 @@ class CanaryKernels:
     scatter_req_token_ids: Callable[..., None]
     admission_owner_check: Callable[..., None]
     accepted_owner_resync: Callable[..., None]
-    append_history_tokens: Callable[..., None]
+    bind_append_history_tokens: Callable[..., Callable[..., None]]
     publish_counters: Callable[..., None]
 
 
@@ -76,6 +76,6 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
         scatter_req_token_ids=getattr(scatter, _SCATTER_FUNCTIONS[backend]),
         admission_owner_check=admission.launch_admission_owner_check,
         accepted_owner_resync=accepted.launch_accepted_owner_resync,
-        append_history_tokens=append.launch_append_history_tokens,
+        bind_append_history_tokens=append.bind_append_history_tokens,
         publish_counters=publish.launch_publish_counters,
     )

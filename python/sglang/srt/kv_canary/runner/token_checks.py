@@ -148,14 +148,16 @@ class TokenChecks:
         tokens are sent by the host)."""
         if not self.appends_sampled or kind not in _SAMPLED_KINDS:
             return
-        rows = min(next_token_ids.shape[0], forward_batch.req_pool_indices.shape[0])
+        req_pool_indices, seq_lens = forward_batch.req_pool_indices, forward_batch.seq_lens
+        rows = min(next_token_ids.shape[0], req_pool_indices.shape[0])
         if rows == 0:
             return
-        self.history.append_sampled(
-            req_pool_indices=forward_batch.req_pool_indices[:rows],
-            seq_lens=forward_batch.seq_lens[:rows],
-            tokens=next_token_ids[:rows],
-        )
+        if not (req_pool_indices.shape[0] == seq_lens.shape[0] == next_token_ids.shape[0]):
+            # (padded rows, DP attention: the rows every tensor has)
+            req_pool_indices, seq_lens = req_pool_indices[:rows], seq_lens[:rows]
+            next_token_ids = next_token_ids[:rows]
+        self.history.append_sampled(req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+                                    tokens=next_token_ids)
 
     def _start_up_forward(self, inputs: CanaryBatchInputs | None) -> bool:
         """One of SGLang's own start-up forwards (``ModelRunner._dummy_run`` for kernel

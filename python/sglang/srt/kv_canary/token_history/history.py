@@ -27,9 +27,10 @@ from collections.abc import Callable
 
 import torch
 
-# launch_scatter_req_token_ids_kernel / launch_append_history_tokens, or their torch references
+# launch_scatter_req_token_ids_kernel / bind_append_history_tokens, or their torch references
 # (same keyword contracts).
 LaunchFn = Callable[..., None]
+BindFn = Callable[..., LaunchFn]
 
 
 class TokenHistory:
@@ -40,24 +41,24 @@ class TokenHistory:
         max_context_len: columns of ``req_to_token``.
         device: the device of ``req_to_token``.
         scatter: the scatter launch (the Triton kernel, or its torch reference on a CPU).
-        append: the sampled-token append launch (likewise).
+        bind_append: binds the sampled-token append to this history (likewise).
     """
 
     def __init__(
         self, *, num_rows: int, max_context_len: int, device: torch.device | str,
-        scatter: LaunchFn, append: LaunchFn,
+        scatter: LaunchFn, bind_append: BindFn,
     ) -> None:
         if num_rows < 1 or max_context_len < 1:
             raise ValueError(
                 f"num_rows and max_context_len must be >= 1, got {num_rows} and {max_context_len}"
             )
         self._scatter = scatter
-        self._append = append
         with torch.inference_mode(False):  # updated in place while serving
             self.tokens = torch.zeros(
                 (num_rows, max_context_len), dtype=torch.int32, device=device
             )
             self.lens = torch.zeros((num_rows,), dtype=torch.int64, device=device)
+        self._append = bind_append(pool_out=self.tokens, history_lens_out=self.lens)
 
     @staticmethod
     def device_bytes(*, num_rows: int, max_context_len: int) -> int:
@@ -86,8 +87,7 @@ class TokenHistory:
                       req_pool_indices=row, pool_out=self.tokens,
                       history_lens=torch.zeros((1,), dtype=torch.int64, device=device),
                       history_lens_out=self.lens)
-        self._append(req_pool_indices=row, seq_lens=row, tokens=row, pool_out=self.tokens,
-                     history_lens_out=self.lens)
+        self._append(req_pool_indices=row, seq_lens=row, tokens=row)
 
     def append_sampled(
         self, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, tokens: torch.Tensor
@@ -96,7 +96,4 @@ class TokenHistory:
         that row's known history ends there (one launch, none for no rows)."""
         if tokens.shape[0] == 0:
             return
-        self._append(
-            req_pool_indices=req_pool_indices, seq_lens=seq_lens, tokens=tokens,
-            pool_out=self.tokens, history_lens_out=self.lens,
-        )
+        self._append(req_pool_indices=req_pool_indices, seq_lens=seq_lens, tokens=tokens)
