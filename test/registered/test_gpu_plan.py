@@ -114,9 +114,10 @@ def collect_gpu_tests() -> list[GpuTest]:
     uncollectable module hides its tests from the plan)."""
     result = subprocess.run([sys.executable, "-c", _COLLECT], cwd=REPO, capture_output=True,
                             text=True, timeout=600)
+    output = [line for line in (result.stdout + result.stderr).splitlines()
+              if not line.startswith("GPU-TESTS ")]
     assert result.returncode == 0, (
-        f"collecting the gpu tests failed ({result.returncode}):\n"
-        + "\n".join((result.stdout + result.stderr).splitlines()[-60:]))
+        f"collecting the gpu tests failed ({result.returncode}):\n" + "\n".join(output[-60:]))
     found = [line for line in result.stdout.splitlines() if line.startswith("GPU-TESTS ")]
     assert found, result.stdout[-3000:]
     tests = [GpuTest(node_id=node_id, shares_a_server=shared)
