@@ -2,10 +2,8 @@
 
 A ``kernel[grid](...)`` call binds every argument, computes a specialization key from each
 one, looks the compiled variant up and only then launches it. For the canary's eager launches
-that Python costs far more than the launch itself: 40-57 us per call for the small kernels on
-the H100 host of this release's measurements (``benchmark/host_timers``), and about 150-180 us
-for the canary forward kernel (61 parameters) on the H200 host
-(``benchmark/bench_launch_host.py``).
+that Python costs far more than the launch itself: tens of microseconds per call for the small
+kernels, over a hundred for the canary forward kernel (61 parameters).
 
 :class:`DirectLauncher` keeps the compiled variant of each *launch key* and calls its launcher
 directly. The key is exact: it determines the variant Triton's own call would pick. Per

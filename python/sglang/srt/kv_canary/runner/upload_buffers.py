@@ -1,11 +1,10 @@
 """Host buffers of the per-forward uploads, reused round robin.
 
-Every forward packs its row updates into one host buffer and copies it to the device without
-waiting (pinned memory on CUDA). Allocating that buffer per forward goes through torch's
-caching host allocator, which polls the events of the pinned blocks in flight on every call
-(3-5 us in a quiet process; the whole pack took 50-60 us per forward in a serving process on an
-H100 host). :class:`UploadBufferRing` instead hands out slices of a few preallocated buffers in
-turn, and hands a buffer out again only once its copy has completed. Nothing ever waits: an
+Every forward copies its seq_lens mirror (and, when it has new owners, its packed row updates)
+from a host buffer to the device without waiting (pinned memory on CUDA). Allocating that buffer
+per forward goes through torch's caching host allocator, which polls the events of the pinned
+blocks in flight on every call. :class:`UploadBufferRing` instead hands out slices of a few
+preallocated buffers in turn, and hands a buffer out again only once its copy has completed. Nothing ever waits: an
 upload that finds the next buffer still in flight, or that is larger than a buffer, gets a
 buffer of its own from the allocator.
 
@@ -15,9 +14,8 @@ and each publication carries its number, which the host copy of the counters sho
 it lands. So a copy enqueued while ``n`` publications had been enqueued has completed once the
 host copy shows publication ``n + 1`` or later: the caller passes that number as the copy's
 ``mark`` and the ring compares it with ``landed()``, the newest publication number that landed
-(one read of host memory). That replaced an event recorded after every copy and queried before
-every reuse (two CUDA calls per decode step, about 10 us of a serving process's host time on the
-H200 host). It needs the host's and the device's publication numbers to agree, which the runner
+(one read of host memory). No event is recorded after a copy or queried before a reuse (two
+CUDA calls per decode step). It needs the host's and the device's publication numbers to agree, which the runner
 establishes when serving starts (it zeroes both, with the device synchronized) and the health
 check enforces after; so the ring stays closed until :meth:`UploadBufferRing.open` (warm-up and
 capture forwards get buffers of their own). The ring reads ``landed()`` only when the last value
