@@ -4,9 +4,9 @@ On a small model a server's forward is bound by the scheduler's Python, so every
 the canary's hooks add per forward shows in throughput and time to first token. This drives the
 self-check's simulated server (``sglang.srt.kv_canary.selfcheck.simulation``; SGLang's CPU pools,
 real ``ForwardBatch`` objects) with the canary installed as a server installs it, through the
-hook adapters a server registers (``ForwardBatch.init_new``, ``ModelRunner.forward``, and the
-canary's wrapper of ``model.forward``), and times their host work per unit (``harness/
-host_modes.py``): a steady decode step at batch 1 and 64, an extend forward of 16 x 512 fresh
+hook adapters a server registers (``ForwardBatch.init_new``, ``ModelRunner.forward`` with the
+canary's wrapper of ``model.forward``, ``ModelRunner.sample``), and times their host work per
+unit (``harness/host_modes.py``): a steady decode step at batch 1 and 64, an extend forward of 16 x 512 fresh
 tokens, a whole batch-1 request (prefill and one decode step). Kernel launches are stubbed and
 left out, and counted (``harness/simulated.py``); a decode step leaves out the in-model launches'
 host work, which a server's CUDA graph replay does not run (the JSON keeps it, ``in_model_us``).
@@ -76,7 +76,8 @@ def format_text(*, results: Mapping[str, Mapping[str, list[dict[str, float]]]],
         "over rounds ± half their interquartile range; ratios paired by round",
         "decode steps leave out the in-model launches' host work (a server replays them in a "
         "CUDA graph; JSON in_model_us) and SGLang's graph-replay hooks, which the simulator "
-        "does not run",
+        "does not run; the radix sweep needs SGLang's radix cache, which the simulator has "
+        "not",
         "",
         Table(header=tuple(header), rows=tuple(rows), label_columns=2).render(indent="  "),
     ] + [f"  {name}: {MODES[name].summary}" for name in results])

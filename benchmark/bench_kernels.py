@@ -6,7 +6,9 @@ prefixes, shuffled and contiguous slots, 8k prefill chunks, 64 x 512 prefill) an
 checks (real data none / partial / all, and ``all-checks``: partial plus the token checks the
 server's every-check configuration gives the kernels), the two launches of a forward, ``pre``
 (before the model: verify the prefix, write the new records) and ``post`` (after it: verify the
-whole batch with the real data), and the radix sweep over 1M slots:
+whole batch with the real data), after a decode forward with the token checks the sampled-token
+append (``append``: every row's sampled token into the token history), and the radix sweep over
+1M slots:
 
 - ``eager us``: device time between CUDA events around one launch from Python;
 - ``graph us``: the launch captured 20 times in one CUDA graph and replayed, per launch;

@@ -17,7 +17,7 @@ from .host_modes import HostMode
 from .interleave import rotated
 from .simulated import ForwardCost
 
-PARTS = ("server_us", "init_new_us", "forward_us", "in_model_us", "launches")
+PARTS = ("server_us", "init_new_us", "forward_us", "in_model_us", "sample_us", "launches")
 
 
 def unit_figures(costs: Sequence[ForwardCost]) -> dict[str, float]:

@@ -245,6 +245,33 @@ def sweep_entries(pool: Pool) -> SweepEntries:
                         tokens=torch.full_like(slots, -1))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendInputs:
+    """The sampled-token append after a decode forward of the pool: every row's next token at
+    position ``seq_lens`` into a token history with room for it."""
+
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    tokens: torch.Tensor
+    pool_out: torch.Tensor
+    history_lens_out: torch.Tensor
+
+
+def append_inputs(pool: Pool) -> AppendInputs:
+    """The append inputs of ``pool``'s forward (its batch's ``seq_lens`` are every row's known
+    history length, so the first append writes every row)."""
+    history = pool.token_history
+    rows, length = history.shape
+    pool_out = torch.zeros((rows, length + 1), dtype=torch.int32, device=history.device)
+    pool_out[:, :length] = history
+    lens = torch.full((rows,), length, dtype=torch.int64, device=history.device)
+    batch = pool.batch
+    return AppendInputs(req_pool_indices=batch.req_pool_indices.to(torch.int64),
+                        seq_lens=batch.seq_lens.clone(),
+                        tokens=torch.randint_like(batch.seq_lens, _TOKEN_RANGE),
+                        pool_out=pool_out, history_lens_out=lens)
+
+
 def slot_bytes(checks: Checks, *, launch: str) -> int:
     """Bytes a verify reads per prefix slot: its ``req_to_token`` entry, its record (16 bytes of
     it without real data, and in the pre launch, which verifies no real data), the real-data
@@ -261,11 +288,14 @@ def slot_bytes(checks: Checks, *, launch: str) -> int:
 
 
 def launch_bytes(scenario: Scenario, checks: Checks, *, launch: str) -> int:
-    """Bytes the ``pre``, ``post`` or ``sweep`` launch of ``scenario`` must touch at the least:
+    """Bytes the ``pre``, ``post``, ``sweep`` or ``append`` launch of ``scenario`` must touch at
+    the least (the append: the sampled-token append after a decode forward):
     the pre launch verifies every prefix slot and writes every new token's record (reading its
     inputs and, with the token checks, its expected input id); the post launch verifies every
     slot of the batch; the sweep every prefix slot (its entry instead of ``req_to_token``)."""
     rows, new = scenario.rows, scenario.new
+    if launch == "append":  # per row: its index, seq_len, token and known length; two writes
+        return rows * (4 * 8 + HISTORY_BYTES + 8)
     if launch == "pre":
         expected = EXPECTED_INPUT_BYTES if checks.tokens else 0
         return (scenario.verified_slots * slot_bytes(checks, launch="pre")

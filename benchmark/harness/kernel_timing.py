@@ -1,7 +1,8 @@
 """Timing of the canary's launches on one GPU for the kernel benchmark: a forward's pre and post
-launch (:func:`time_forward`) and the radix sweep (:func:`time_sweep`), each against the
-memory-bandwidth bound of :func:`.kernel_cases.launch_bytes` and, optionally, its torch
-reference (one synchronized call on a copy of the state). Needs CUDA when called.
+launch (:func:`time_forward`; after a decode forward with the token checks also the
+sampled-token append, :func:`time_append`) and the radix sweep (:func:`time_sweep`), each
+against the memory-bandwidth bound of :func:`.kernel_cases.launch_bytes` and, optionally, its
+torch reference (one synchronized call on a copy of the state). Needs CUDA when called.
 """
 
 from __future__ import annotations
@@ -11,8 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.jit_kernel.kv_canary import canary_forward, canary_forward_ref, sweep, sweep_ref
+from sglang.jit_kernel.kv_canary import (
+    append_history,
+    append_history_ref,
+    canary_forward,
+    canary_forward_ref,
+    sweep,
+    sweep_ref,
+)
 from sglang.jit_kernel.kv_canary.consts import COUNTER_VIOLATIONS
+from sglang.jit_kernel.kv_canary.kernel_inputs import BatchLayout
 
 from . import kernel_cases, timers
 from .kernel_cases import Checks, Pool, Scenario
@@ -113,7 +122,34 @@ def time_forward(pool: Pool, checks: Checks, *, bandwidth: float,
             bandwidth=bandwidth, graph=True,
             violations=(lambda: int(state.counters[COUNTER_VIOLATIONS])) if name == "post"
             else (lambda: 0)))
-    return timings
+    return timings + time_append(pool, checks, bandwidth=bandwidth,
+                                 with_reference=with_reference)
+
+
+def time_append(pool: Pool, checks: Checks, *, bandwidth: float,
+                with_reference: bool) -> list[LaunchTiming]:
+    """The sampled-token append after ``pool``'s forward (a decode forward with the token
+    checks: the runtime appends every sampled token to the token history); none otherwise."""
+    if pool.scenario.layout is not BatchLayout.DECODE or not checks.tokens:
+        return []
+    inputs = kernel_cases.append_inputs(pool)
+    per_batch = {"req_pool_indices": inputs.req_pool_indices, "seq_lens": inputs.seq_lens,
+                 "tokens": inputs.tokens}
+    launch = append_history.bind_append_history_tokens(
+        pool_out=inputs.pool_out, history_lens_out=inputs.history_lens_out)
+    reference_launch = append_history_ref.bind_append_history_tokens(
+        pool_out=inputs.pool_out.clone(), history_lens_out=inputs.history_lens_out.clone())
+
+    def reference() -> None:
+        reference_launch(**per_batch)
+        torch.cuda.synchronize()
+
+    return [_time_launch(
+        name="append", launch=lambda: launch(**per_batch),
+        reference=reference if with_reference else None, scenario=pool.scenario,
+        checks=checks, bound_bytes=kernel_cases.launch_bytes(pool.scenario, checks,
+                                                             launch="append"),
+        bandwidth=bandwidth, graph=True, violations=lambda: 0)]
 
 
 def time_sweep(pool: Pool, checks: Checks, *, bandwidth: float,

@@ -4,18 +4,20 @@
 (:class:`sglang.srt.kv_canary.selfcheck.simulation.SimulatedServer`: SGLang's own CPU pools, real
 ``ForwardBatch`` objects) with the canary installed as a server installs it
 (:func:`sglang.srt.kv_canary.selfcheck.scenarios.install_canary_runner`) and driven through the
-public hook adapters a server registers: the ``ForwardBatch.init_new`` AFTER adapters of the hook
-table (:func:`sglang.srt.kv_canary.selfcheck.scenarios.init_new_hooks`) and the
-``ModelRunner.forward`` AROUND adapter (:func:`sglang.srt.kv_canary.hooks.model_runner.around_forward`).
+public hook adapters a server registers: the ``ForwardBatch.init_new`` and ``ModelRunner.sample``
+AFTER adapters of the hook table (:func:`sglang.srt.kv_canary.selfcheck.scenarios.server_hooks`)
+and the ``ModelRunner.forward`` AROUND adapter
+(:func:`sglang.srt.kv_canary.hooks.model_runner.around_forward`).
 
 Per forward it records the host time of the ``init_new`` adapters, of the ``forward`` adapter
-less the model runner's forward inside it, and of the canary's wrapper of ``model.forward``
-(inside the model runner's forward, around the model's own computation), each less the canary's
-kernel launches made inside it (:class:`ForwardCost`). On a
+less the model runner's forward inside it, of the canary's wrapper of ``model.forward`` (inside
+the model runner's forward, around the model's own computation) and of the ``sample`` adapters,
+each less the canary's kernel launches made inside it (:class:`ForwardCost`). On a
 CPU the launches would run the kernels' torch references (device work, done on the host), so
 every launch is replaced by a no-op (:func:`stubbed_kernels`) but the counter publication, whose
 torch reference runs because the host reads the publication back; every launch is counted and
-its time left out. On a GPU host each launch costs the host about 10 to 20 µs more (see the
+its time left out. A launch that binds arguments (its result is the launch to call later) gets
+a no-op launch back. On a GPU host each launch costs the host about 10 to 20 µs more (see the
 kernel benchmark's ``launch us`` column). With the launches stubbed the device counters never
 advance, so the periodic health check is turned off.
 """
@@ -33,9 +35,10 @@ from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.hooks.model_runner import around_forward
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.selfcheck.sampling import OracleSampler
-from sglang.srt.kv_canary.selfcheck.scenarios import init_new_hooks, install_canary_runner
+from sglang.srt.kv_canary.selfcheck.scenarios import install_canary_runner, server_hooks
 from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
+    ServerHooks,
     SimulatedModelRunner,
     SimulatedRequest,
     SimulatedServer,
@@ -52,14 +55,15 @@ def stubbed_kernels(*, excluded: ExcludedTime) -> CanaryKernels:
     replaced by a no-op, each launch's time added to ``excluded`` (and counted there)."""
     reference = load_kernels(KernelBackend.TORCH_REFERENCE)
 
-    def no_launch(**_: Any) -> None:
-        return None
+    def no_launch(**_: Any) -> Callable[..., Any]:
+        return stub  # what a binding launch returns: the launch to call later
 
+    stub = excluded.excluding(no_launch)
     launches = {field.name: getattr(reference, field.name)
                 for field in dataclasses.fields(reference)
                 if callable(getattr(reference, field.name))}
     return dataclasses.replace(reference, **{
-        name: excluded.excluding(launch if name in PASSED_THROUGH_LAUNCHES else no_launch)
+        name: excluded.excluding(launch) if name in PASSED_THROUGH_LAUNCHES else stub
         for name, launch in launches.items()})
 
 
@@ -78,6 +82,7 @@ class ForwardCost:
         forward_us: the ``ModelRunner.forward`` adapter less the model runner's forward inside.
         in_model_us: the model runner's forward less the model's own computation: the canary's
             wrapper of ``model.forward`` (its pre and post launches' host work).
+        sample_us: the ``ModelRunner.sample`` adapters after the forward.
         launches: canary kernel launches the forward made.
     """
 
@@ -85,6 +90,7 @@ class ForwardCost:
     init_new_us: float
     forward_us: float
     in_model_us: float
+    sample_us: float = 0.0
     launches: int
 
     @property
@@ -92,12 +98,13 @@ class ForwardCost:
         """The host work of this forward as a server runs it: a decode step replays a CUDA
         graph, which holds the in-model launches, so their host work is left out there."""
         in_model = 0.0 if self.mode == "DECODE" else self.in_model_us
-        return self.init_new_us + self.forward_us + in_model
+        return self.init_new_us + self.forward_us + in_model + self.sample_us
 
     def to_json(self) -> dict[str, object]:
         return {"mode": self.mode, "init_new_us": self.init_new_us,
                 "forward_us": self.forward_us, "in_model_us": self.in_model_us,
-                "launches": self.launches, "server_us": self.server_us}
+                "sample_us": self.sample_us, "launches": self.launches,
+                "server_us": self.server_us}
 
 
 class TimedCanaryServer:
@@ -121,10 +128,12 @@ class TimedCanaryServer:
         self.costs: list[ForwardCost] = []
         self._init_new_us = 0.0
         self._launch_mark = 0  # launches counted when the last forward ended
+        adapters = server_hooks(config)
         self.server = SimulatedServer(
             page_size=1, num_pages=tokens, max_requests=requests + 1, max_context_len=context,
             forward=self._forward,
-            init_new_hooks=[self._timed_init_new(hook) for hook in init_new_hooks(config)],
+            hooks=ServerHooks(init_new=tuple(map(self._timed_init_new, adapters.init_new)),
+                              sample=tuple(map(self._timed_sample, adapters.sample))),
             sampler=OracleSampler(vocab_size=VOCAB_SIZE),
         )
         runner = self.server.runner
@@ -146,6 +155,26 @@ class TimedCanaryServer:
             finally:
                 self._init_new_us += 1e6 * (time.perf_counter() - start
                                             - (self._launches.seconds - launches_before))
+
+        return timed
+
+    def _timed_sample(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        """``hook`` timed into the cost of the forward that just ran (the server samples right
+        after each forward)."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            launches_before = self._launches.seconds
+            start = time.perf_counter()
+            try:
+                return hook(*args, **kwargs)
+            finally:
+                elapsed = (time.perf_counter() - start
+                           - (self._launches.seconds - launches_before))
+                last = self.costs[-1]
+                self.costs[-1] = dataclasses.replace(
+                    last, sample_us=last.sample_us + 1e6 * elapsed,
+                    launches=last.launches + self._launches.calls - self._launch_mark)
+                self._launch_mark = self._launches.calls
 
         return timed
 

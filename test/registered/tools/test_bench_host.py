@@ -1,6 +1,6 @@
 """``benchmark/bench_host.py`` and its simulated canary server (``harness/simulated.py``) on a
-CPU: the hook adapters a server registers are what is timed, every launch is stubbed, counted
-and left out (the counter publication's reference still runs), a decode step leaves its in-model
+CPU: the hook adapters a server registers (init_new, forward, sample) are what is timed, every
+launch is stubbed, counted and left out (the counter publication's reference still runs), a decode step leaves its in-model
 host work out, every mode measures, and the result set is written; bad options exit 2."""
 
 import dataclasses
@@ -43,8 +43,11 @@ def test_every_launch_is_stubbed_counted_and_timed_apart() -> None:
     assert PASSED_THROUGH_LAUNCHES <= set(launches)
     for name in launches:
         if name not in PASSED_THROUGH_LAUNCHES:
-            assert getattr(kernels, name)(anything=object()) is None  # a no-op, any arguments
-    assert excluded.calls == len(launches) - len(PASSED_THROUGH_LAUNCHES)
+            # a no-op that takes any arguments; what it returns is a stubbed launch too (a
+            # launch that binds arguments returns the launch to call later)
+            returned = getattr(kernels, name)(anything=object())
+            returned(more=1)
+    assert excluded.calls == 2 * (len(launches) - len(PASSED_THROUGH_LAUNCHES))
 
 
 def test_a_batch_1_request_times_the_adapters_of_its_two_forwards() -> None:
@@ -60,16 +63,19 @@ def test_a_batch_1_request_times_the_adapters_of_its_two_forwards() -> None:
         assert cost.init_new_us > 0 and cost.forward_us > 0 and cost.in_model_us > 0
         assert cost.launches >= 2  # at least the pre and the post launch
     assert prefill.server_us == pytest.approx(
-        prefill.init_new_us + prefill.forward_us + prefill.in_model_us)
-    assert decode.server_us == pytest.approx(decode.init_new_us + decode.forward_us)
+        prefill.init_new_us + prefill.forward_us + prefill.in_model_us + prefill.sample_us)
+    assert decode.server_us == pytest.approx(
+        decode.init_new_us + decode.forward_us + decode.sample_us)
+    assert decode.sample_us > 0  # the sampled-token append's adapter
     assert server.take_costs() == []
 
 
 def test_a_forward_cost_keeps_its_parts_in_json() -> None:
     cost = ForwardCost(mode="MIXED", init_new_us=1.0, forward_us=2.0, in_model_us=4.0,
-                       launches=3)
+                       sample_us=8.0, launches=3)
     assert cost.to_json() == {"mode": "MIXED", "init_new_us": 1.0, "forward_us": 2.0,
-                              "in_model_us": 4.0, "launches": 3, "server_us": 7.0}
+                              "in_model_us": 4.0, "sample_us": 8.0, "launches": 3,
+                              "server_us": 15.0}
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from sglang.jit_kernel.kv_canary import canary_forward_ref, sweep_ref
+from sglang.jit_kernel.kv_canary import append_history_ref, canary_forward_ref, sweep_ref
 from sglang.jit_kernel.kv_canary.consts import COUNTER_VIOLATIONS
 from sglang.jit_kernel.kv_canary.kernel_inputs import BatchLayout
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
@@ -65,6 +65,18 @@ def test_the_sweep_of_a_clean_history_reports_nothing() -> None:
         assert int(state.counters[COUNTER_VIOLATIONS]) == 0, name
 
 
+def test_the_append_inputs_append_every_row_s_sampled_token() -> None:
+    pool = kernel_cases.build_pool(_SMALL[0], device="cpu")
+    inputs = kernel_cases.append_inputs(pool)
+    launch = append_history_ref.bind_append_history_tokens(
+        pool_out=inputs.pool_out, history_lens_out=inputs.history_lens_out)
+    launch(req_pool_indices=inputs.req_pool_indices, seq_lens=inputs.seq_lens,
+           tokens=inputs.tokens)
+    length = pool.token_history.shape[1]
+    assert inputs.pool_out[1:, length].tolist() == inputs.tokens.tolist()
+    assert inputs.history_lens_out[1:].tolist() == [length + 1] * 3
+
+
 def test_the_bound_counts_what_each_launch_reads() -> None:
     entry_and_record = kernel_cases.REQ_TO_TOKEN_BYTES + kernel_cases.RECORD_BYTES
     partial, every = CHECKS["partial"], CHECKS["all-checks"]
@@ -103,7 +115,9 @@ def test_a_small_run_on_a_gpu_writes_its_result_set(tmp_path: pathlib.Path) -> N
                                "none,all-checks", "--no-sweep", "--out", str(tmp_path)]) == 0
     document = json.loads((tmp_path / "kernels.json").read_text())
     launches = document["launches"]
-    assert len(launches) == 2 * 2 * 2
+    # pre and post of two scenarios with two sets of checks, and the decode's append
+    assert [launch["launch"] for launch in launches] == ["pre", "post", "pre", "post", "append",
+                                                         "pre", "post", "pre", "post"]
     assert all(launch["unexpected_violations"] == 0 for launch in launches)
     assert all(launch["graph_us"]["median"] > 0 and launch["reference_us"] > 0
                for launch in launches)
