@@ -6,10 +6,11 @@ self-check's simulated server (``sglang.srt.kv_canary.selfcheck.simulation``; SG
 real ``ForwardBatch`` objects) with the canary installed as a server installs it, through the
 hook adapters a server registers (``ForwardBatch.init_new``, ``ModelRunner.forward`` with the
 canary's wrapper of ``model.forward``, ``ModelRunner.sample``), and times their host work per
-unit (``harness/host_modes.py``): a steady decode step at batch 1 and 64, an extend forward of 16 x 512 fresh
-tokens, a whole batch-1 request (prefill and one decode step). Kernel launches are stubbed and
-left out, and counted (``harness/simulated.py``); a decode step leaves out the in-model launches'
-host work, which a server's CUDA graph replay does not run (the JSON keeps it, ``in_model_us``).
+unit (``harness/host_modes.py``): a steady decode step at batch 1 and 64, an extend forward of
+16 x 512 fresh tokens, a whole batch-1 request (prefill and one decode step). Kernel launches
+are stubbed, left out and counted (``harness/simulated.py``); a decode step leaves out the
+in-model launches' host work, which a server's CUDA graph replay does not run (the JSON keeps
+it, ``in_model_us``).
 
 Configurations (``harness/configs.py``): the canary configurations of the server benchmark, their
 ``SGLANG_KV_CANARY_*`` variables parsed by the package's own configuration layer. Rounds are
@@ -39,7 +40,7 @@ from harness import options  # noqa: E402
 from harness.configs import CANARY_CONFIGS, CONFIGS  # noqa: E402
 from harness.host_modes import MODES  # noqa: E402
 from harness.host_rounds import measure_mode  # noqa: E402
-from harness.results import RESULTS_DIR, describe_machine, machine, write_result_set  # noqa: E402
+from harness.results import describe_machine, machine, write_result_set  # noqa: E402
 from harness.stats import paired_ratios, spread  # noqa: E402
 from harness.table import Table, ratio_cell, value_cell  # noqa: E402
 
@@ -122,11 +123,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", default=DEFAULT_ROUNDS,
                         type=options.integer(option="--rounds", minimum=1),
                         help=f"interleaved rounds per mode (default {DEFAULT_ROUNDS})")
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR,
-                        help="folder of the result set host.{json,txt} (default "
-                             "benchmark/results)")
-    parser.add_argument("--machine-label", default="",
-                        help="what to call this machine in the result set")
+    options.add_result_arguments(parser, result_sets="host.{json,txt}")
     return parser.parse_args(argv)
 
 

@@ -54,7 +54,7 @@ from harness.kernel_timing import (  # noqa: E402
     time_forward,
     time_sweep,
 )
-from harness.results import RESULTS_DIR, describe_machine, machine, write_result_set  # noqa: E402
+from harness.results import describe_machine, machine, write_result_set  # noqa: E402
 from harness.table import Table  # noqa: E402
 
 DEFAULT_TIME_BUDGET_S = 540.0
@@ -96,11 +96,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         type=options.seconds(option="--time-budget-s"),
                         help="start no scenario that the longest one so far would carry past "
                              f"this many seconds (default {DEFAULT_TIME_BUDGET_S:.0f})")
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR,
-                        help="folder of the result set kernels.{json,txt} (default "
-                             "benchmark/results)")
-    parser.add_argument("--machine-label", default="",
-                        help="what to call this machine in the result set")
+    options.add_result_arguments(parser, result_sets="kernels.{json,txt}")
     return parser.parse_args(argv)
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from harness import options  # noqa: E402
 from harness.configs import CONFIGS  # noqa: E402
 from harness.models import MODELS  # noqa: E402
-from harness.results import RESULTS_DIR, machine, write_result_set  # noqa: E402
+from harness.results import machine, write_result_set  # noqa: E402
 from harness.server_report import ModelReport, format_report, report_json  # noqa: E402
 from harness.server_run import ServerRun, run_servers  # noqa: E402
 from harness.servers import COMMON_ARGS, MACHINE_ARGS  # noqa: E402
@@ -70,9 +70,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         type=options.seconds(option="--time-budget-s"),
                         help="the whole run, server start-ups included, ends within this many "
                              f"seconds (default {DEFAULT_TIME_BUDGET_S:.0f})")
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR,
-                        help="folder of the result sets server-MODEL.{json,txt} (default "
-                             "benchmark/results)")
+    options.add_result_arguments(parser, result_sets="server-MODEL.{json,txt}")
     parser.add_argument("--log-dir", type=pathlib.Path, default=None,
                         help="folder of the server logs (default: a new temporary folder)")
     parser.add_argument("--machine-args", default=shlex.join(MACHINE_ARGS), type=shlex.split,
@@ -82,8 +80,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pause-idle", action=argparse.BooleanOptionalAction, default=True,
                         help="keep every server paused (SIGSTOP) but the one being measured: "
                              "idle SGLang schedulers poll without pause (default: on)")
-    parser.add_argument("--machine-label", default="",
-                        help="what to call this machine in the result sets")
     parser.add_argument("--server-module", default="sglang.launch_server",
                         help=argparse.SUPPRESS)  # a stand-in server in tests
     namespace = parser.parse_args(argv)

@@ -5,7 +5,10 @@ a message that names the option, the value and what is allowed (argparse turns t
 from __future__ import annotations
 
 import argparse
+import pathlib
 from collections.abc import Callable, Sequence
+
+from .results import RESULTS_DIR
 
 
 def names(*, option: str, allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
@@ -53,3 +56,13 @@ def seconds(*, option: str) -> Callable[[str], float]:
         return number
 
     return parse
+
+
+def add_result_arguments(parser: argparse.ArgumentParser, *, result_sets: str) -> None:
+    """``--out`` (the folder of the result sets named ``result_sets``, by default
+    ``benchmark/results``) and ``--machine-label`` (what the result sets call this machine)."""
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR,
+                        help=f"folder of the result set {result_sets} (default "
+                             "benchmark/results)")
+    parser.add_argument("--machine-label", default="",
+                        help="what to call this machine in the result set")

@@ -129,8 +129,7 @@ def format_report(report: ModelReport, *, machine: Mapping[str, object],
              "", "x stock: each configuration over stock in the same round: median over rounds ± "
              "half their interquartile range; stock: its own figure, median ± half the "
              "interquartile range in %"]
-    for problem in report.problems:
-        lines.insert(0, f"!!! PROBLEM: {problem}")
+    lines[:0] = [f"!!! PROBLEM: {problem}" for problem in report.problems]
     lines.append(_ratio_table(report, columns=report.configs, stock_value=True,
                               versus_flags=False).render(indent="  "))
     canaries = [name for name in report.configs if CONFIGS[name].canary_on]

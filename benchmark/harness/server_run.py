@@ -117,7 +117,7 @@ def run_servers(run: ServerRun, *, on_model: Callable[[ModelReport], None],
         for entry in servers:
             entry.wait_ready(deadline=ready_by)
             say(f"  {entry.spec.label}: {entry.status}"
-                + (f" after {entry.ready_s:.0f} s" if entry.live else ""))
+                + (f" {entry.ready_s:.0f} s after its launch" if entry.live else ""))
         say(f"GPU memory with every server up: {gpu_memory_used()}")
         if run.pause_idle:
             for entry in servers:

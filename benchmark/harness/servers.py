@@ -4,10 +4,11 @@ logs say.
 Servers are started through the package's own launcher
 (:func:`sglang.srt.kv_canary.tools.server.start_server`: its own process group, a free port,
 bounded waits, the whole group killed on stop). Every server of a run gets the same flags but
-those its configuration adds (:func:`server_args`): the model's (:attr:`.models.ModelShape.server_args`),
-:data:`COMMON_ARGS`, the machine's (``--machine-args``, by default :data:`MACHINE_ARGS`), then the
-configuration's (:attr:`.configs.BenchConfig.flags`; ``launch_server`` keeps a repeated flag's
-last value).
+those its configuration adds (:func:`server_args`): the model's
+(:attr:`.models.ModelShape.server_args`), :data:`COMMON_ARGS`, the machine's (``--machine-args``,
+by default :data:`MACHINE_ARGS`), then the configuration's (:attr:`.configs.BenchConfig.flags`;
+``launch_server`` keeps a repeated flag's last value). While others are measured a server is
+paused (``SIGSTOP`` to its process group, :meth:`StartedServer.pause`).
 
 :data:`MACHINE_ARGS` replace SGLang defaults that cannot run on the offline GPU host this
 project measures on (its SGLang bundle has no FA3 kernels and no xgrammar, and flashinfer's
@@ -24,6 +25,7 @@ import os
 import pathlib
 import re
 import signal
+import time
 from dataclasses import dataclass
 
 from sglang.srt.kv_canary.tools.canary_log import parse_canary_log
@@ -209,8 +211,9 @@ class StartedServer:
     spec: ServerSpec
     launch: ServerLaunch
     server: RunningServer
+    launched_at: float  # time.monotonic() when it was started
     status: str = "starting"
-    ready_s: float = 0.0
+    ready_s: float = 0.0  # launch to ready
     limits: PoolLimits | None = None
     log_report: LogReport | None = None
 
@@ -226,7 +229,7 @@ class StartedServer:
         ``ready_s`` and ``limits``."""
         bound = max(deadline.remaining_s(), 1.0)
         try:
-            self.ready_s = self.server.wait_ready(bound)
+            self.server.wait_ready(bound)
         except ServerStartError as error:
             if self.server.returncode is None:
                 self.status = f"failed: not ready within the time budget ({bound:.0f} s)"
@@ -235,6 +238,7 @@ class StartedServer:
                                                            fallback=str(error))
             return
         self.status = "ready"
+        self.ready_s = time.monotonic() - self.launched_at
         self.limits = read_pool_limits(self.server.log_text())
 
     def pause(self) -> None:
@@ -281,7 +285,8 @@ def start_servers(specs: list[ServerSpec], *, model_dirs: dict[str, pathlib.Path
         launch = server_launch(spec=spec, model_dir=model_dirs[spec.model.name], log_dir=log_dir,
                                machine_args=machine_args, ready_timeout_s=READY_TIMEOUT_S,
                                server_module=server_module)
-        entry = StartedServer(spec=spec, launch=launch, server=start_server(launch))
+        entry = StartedServer(spec=spec, launch=launch, server=start_server(launch),
+                              launched_at=time.monotonic())
         stack.callback(entry.stop)
         started.append(entry)
     return started

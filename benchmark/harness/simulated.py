@@ -146,37 +146,41 @@ class TimedCanaryServer:
         install_canary_runner(model_runner=runner, config=config,
                               kernels=stubbed_kernels(excluded=self._launches))
 
-    def _timed_init_new(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, hook: Callable[..., Any], *,
+               done: Callable[[float], None]) -> Callable[..., Any]:
+        """``hook`` whose every call passes ``done`` its host µs less the launches in it."""
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             launches_before = self._launches.seconds
             start = time.perf_counter()
             try:
                 return hook(*args, **kwargs)
             finally:
-                self._init_new_us += 1e6 * (time.perf_counter() - start
-                                            - (self._launches.seconds - launches_before))
+                done(1e6 * (time.perf_counter() - start
+                            - (self._launches.seconds - launches_before)))
 
         return timed
+
+    def _timed_init_new(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        """``hook`` timed into the next forward's cost (init_new runs before the forward)."""
+
+        def add(elapsed_us: float) -> None:
+            self._init_new_us += elapsed_us
+
+        return self._timed(hook, done=add)
 
     def _timed_sample(self, hook: Callable[..., Any]) -> Callable[..., Any]:
         """``hook`` timed into the cost of the forward that just ran (the server samples right
-        after each forward)."""
+        after each forward), with the launches it made."""
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            launches_before = self._launches.seconds
-            start = time.perf_counter()
-            try:
-                return hook(*args, **kwargs)
-            finally:
-                elapsed = (time.perf_counter() - start
-                           - (self._launches.seconds - launches_before))
-                last = self.costs[-1]
-                self.costs[-1] = dataclasses.replace(
-                    last, sample_us=last.sample_us + 1e6 * elapsed,
-                    launches=last.launches + self._launches.calls - self._launch_mark)
-                self._launch_mark = self._launches.calls
+        def add(elapsed_us: float) -> None:
+            last = self.costs[-1]
+            self.costs[-1] = dataclasses.replace(
+                last, sample_us=last.sample_us + elapsed_us,
+                launches=last.launches + self._launches.calls - self._launch_mark)
+            self._launch_mark = self._launches.calls
 
-        return timed
+        return self._timed(hook, done=add)
 
     def _forward(self, forward_batch: Any) -> Any:
         launches_before, model_before = self._launches.seconds, self._model.seconds

@@ -1,9 +1,11 @@
 """The benchmark harness (``benchmark/harness``) without a server or a GPU: spreads and paired
-ratios, the table, the deadline, option parsing, targets, the result-set writer, the configurations
+ratios, the table, the deadline, option parsing (every script's bad options exit 2 naming the
+option), targets, the result-set writer, the configurations
 and their server flags, workload payloads and the streamed-answer timing, what a server log says,
 and the interleaved rounds (order, pairing, budget, failures)."""
 
 import argparse
+import importlib
 import json
 import pathlib
 import sys
@@ -17,7 +19,13 @@ register_cpu_ci(est_time=5, suite="kv-canary-cpu")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "benchmark"))
 
 from harness import options  # noqa: E402
-from harness.configs import CANARY_CONFIGS, CANARY_FLAGS, CONFIGS, FLAGS_BASELINE, STOCK  # noqa: E402
+from harness.configs import (  # noqa: E402
+    CANARY_CONFIGS,
+    CANARY_FLAGS,
+    CONFIGS,
+    FLAGS_BASELINE,
+    STOCK,
+)
 from harness.deadline import Deadline  # noqa: E402
 from harness.interleave import Participant, measure_interleaved, rotated  # noqa: E402
 from harness.models import CONTEXT_LENGTH, KV_POOL_TOKENS, MODELS  # noqa: E402
@@ -105,6 +113,30 @@ def test_options_name_the_option_the_value_and_what_is_allowed(parse, value, mes
     with pytest.raises(argparse.ArgumentTypeError) as refused:
         parse(value)
     assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    ("bench_server", ["--configs", "off,canary"], "a list that names stock"),
+    ("bench_server", ["--models", "70b"],
+     "--models='70b' is invalid; allowed: a comma-separated list of tiny, 8b"),
+    ("bench_server", ["--workloads", "decode128"], "--workloads='decode128' is invalid"),
+    ("bench_server", ["--max-rounds", "0"],
+     "--max-rounds='0' is invalid; allowed: an integer >= 1"),
+    ("bench_server", ["--time-budget-s", "0"], "--time-budget-s='0' is invalid"),
+    ("bench_host", ["--modes", "decode2"], "--modes='decode2' is invalid"),
+    ("bench_host", ["--configs", "off"],
+     "--configs='off' is invalid; allowed: a comma-separated list of canary, all-checks"),
+    ("bench_host", ["--rounds", "0"], "--rounds='0' is invalid; allowed: an integer >= 1"),
+    ("bench_kernels", ["--checks", "partial,everything"],
+     "--checks='partial,everything' is invalid; allowed"),
+    ("bench_kernels", ["--scenarios", "decode 2 x 2k"], "--scenarios='decode 2 x 2k' is invalid"),
+])
+def test_every_script_exits_2_on_a_bad_option_naming_it(
+        script: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(script).parse_args(argv)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_names_keep_order_and_drop_repeats() -> None:
