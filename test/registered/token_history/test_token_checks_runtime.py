@@ -280,6 +280,52 @@ def test_hook_registry_applies_the_hook_to_the_real_classmethod() -> None:
     assert result.stdout.strip().splitlines()[-1] == "[4, 5, 6] [1] 1"
 
 
+def test_hook_registry_applies_the_sample_hook_to_the_real_method() -> None:
+    """In a fresh interpreter: the hook table's ``ModelRunner.sample`` hook, applied by SGLang's
+    registry to the real method, receives its positional arguments and result, and appends the
+    sampled token to the row's history on the device."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import torch
+        from _token_check_batches import token_check_server, token_config
+        from sglang.srt.kv_canary import hook_targets
+        from sglang.srt.kv_canary.hook_registration import register_hooks, verify_hooks_applied
+        from sglang.srt.kv_canary.selfcheck.simulation import SimulatedRequest
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        config = token_config(write_input=False)
+        server, runner = token_check_server(config)
+        request = SimulatedRequest(rid="a", prompt=[4, 5, 6], max_new_tokens=4)
+        server.admit(request)
+        server.extend([(request, 3)])  # the simulator calls the prefill's sample hook itself
+        row = request.req_pool_idx
+        hook_targets.HOOK_SPECS = tuple(s for s in hook_targets.HOOK_SPECS
+                                        if s.target.endswith("ModelRunner.sample"))
+        register_hooks(config)
+        HookRegistry.apply_hooks()
+        verify_hooks_applied(config)
+        model_runner = server.runner  # what the unpatched body of ModelRunner.sample calls
+        model_runner._preprocess_logits = lambda logits_output, sampling_info: None
+        model_runner.sampler = lambda *args: torch.tensor([77])
+        model_runner.maybe_update_ngram_token_table = lambda next_token_ids, forward_batch: None
+        decode = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=1,
+            input_ids=torch.tensor([request.tokens[-1]]), req_pool_indices=torch.tensor([row]),
+            seq_lens=torch.tensor([4]), out_cache_loc=torch.tensor([0]), seq_lens_sum=4,
+            positions=torch.tensor([3]))
+        tokens = ModelRunner.sample(model_runner, None, decode)
+        history = runner.token_checks.history
+        print(tokens.tolist(), history.lens[row].item(), history.tokens[row, :5].tolist())
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith("[77] 5 [4, 5, 6, "), line
+    assert line.endswith(", 77]"), line
+
+
 # ----------------------------------------------------------------------------- before the forward
 
 

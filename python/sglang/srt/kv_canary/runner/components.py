@@ -182,9 +182,9 @@ def installed_line(*, parts: PoolComponents, config: CanaryConfig, kernels: Cana
         f"with '{DRAFT_LINE_SUFFIX.strip()}')" if is_draft else ""
     )
     return (
-        f"KV canary installed{pool}: pool {parts.pool.describe()}; records {RECORD_BYTES} "
-        f"B/slot x {state.num_slots} slots = {state.num_slots * RECORD_BYTES / 2**20:.2f} "
-        f"MiB, violation ring {state.ring_capacity} rows, real data {real_data}, "
+        f"KV canary installed{pool}: records {RECORD_BYTES} B/slot x {state.num_slots} slots = "
+        f"{state.num_slots * RECORD_BYTES / 2**20:.2f} MiB (pool {parts.pool.describe()}), "
+        f"violation ring {state.ring_capacity} rows, real data {real_data}, "
         f"{token_checks}, kernels {kernels.backend.value}, device {state.device}; "
         f"memory from the KV budget: {per_token_bytes()} B/token added to the KV cell "
         f"size, fixed buffers reserved {reserved.describe()}"
