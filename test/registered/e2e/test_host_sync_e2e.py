@@ -3,7 +3,7 @@
 A host sync in a hook (a ``.item()``, a ``.tolist()`` of a device tensor, a blocking copy) would
 stall the scheduler until the GPU drained, on every forward that takes that path: invisible to
 the detection tests, costly to every request. The server here loads
-``benchmark/host_timers/sitecustomize.py`` with ``KV_CANARY_SYNC_CHECK=1``: from the end of
+``sync_check/sitecustomize.py`` (beside this file) with ``KV_CANARY_SYNC_CHECK=1``: from the end of
 start-up on, torch's CUDA sync debug mode reports every synchronizing call, and the log counts
 those made from a ``kv_canary`` line apart from SGLang's own. Every check is on (token oracle,
 partial real data, both token checks) and the traffic covers batch-1 requests, concurrent
@@ -27,7 +27,7 @@ from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=120, suite="kv-canary-gpu")
 
-_HOST_TIMERS_DIR = pathlib.Path(__file__).resolve().parents[3] / "benchmark" / "host_timers"
+_SYNC_CHECK_DIR = pathlib.Path(__file__).resolve().parent / "sync_check"
 _ALL_CHECKS = {
     "SGLANG_KV_CANARY_MODE": "log", "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
     "SGLANG_KV_CANARY_REAL_DATA": "partial", "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
@@ -40,7 +40,7 @@ def _sitecustomize():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("kv_canary_sync_check",
-                                                  _HOST_TIMERS_DIR / "sitecustomize.py")
+                                                  _SYNC_CHECK_DIR / "sitecustomize.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -68,7 +68,7 @@ def test_the_sync_check_sees_a_canary_line_that_synchronizes() -> None:
 @pytest.mark.gpu
 def test_the_canary_never_synchronizes_the_device_while_serving(canary_server) -> None:
     python_path = os.pathsep.join(
-        part for part in (str(_HOST_TIMERS_DIR), os.environ.get("PYTHONPATH", "")) if part)
+        part for part in (str(_SYNC_CHECK_DIR), os.environ.get("PYTHONPATH", "")) if part)
     server = canary_server(
         env={**_ALL_CHECKS, "PYTHONPATH": python_path, "KV_CANARY_SYNC_CHECK": "1"},
         args=("--sampling-backend", "token_oracle", "--cuda-graph-max-bs", "16"))
