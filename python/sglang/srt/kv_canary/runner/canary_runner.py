@@ -81,11 +81,7 @@ from sglang.srt.kv_canary.perturb.injector import FaultInjector
 from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState, SampledRows
 from sglang.srt.kv_canary.pools.seam import CanaryPool
 from sglang.srt.kv_canary.runner.batch_view import build_batch_view
-from sglang.srt.kv_canary.runner.components import (
-    PoolComponents,
-    build_pool_components,
-    installed_line,
-)
+from sglang.srt.kv_canary.runner.components import build_pool_components, installed_line
 from sglang.srt.kv_canary.runner.graph_request_ids import GraphRequestIds
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.launch_accounting import LaunchAccounting, capturing
@@ -151,8 +147,7 @@ class CanaryRunner:
         # the next-token swap's log line names the rows it swapped (only that fault reads them)
         self._logs_sampled_rows = config.perturb.next_token_swap_prob > 0
         self.graph_ids: GraphRequestIds | None = None
-        # built when the KV pool exists (on_memory_pool), canary on; None until then
-        self.parts: PoolComponents | None = None
+        # built when the KV pool exists (on_memory_pool, build_pool_components), canary on
         self.pool: CanaryPool | None = None
         self.state: CanaryDeviceState | None = None
         self.monitor: CanaryMonitor | None = None
@@ -224,10 +219,10 @@ class CanaryRunner:
             CanaryUnsupportedError: the pools are not ones the canary covers.
             RuntimeError: the canary is already installed on this runner.
         """
-        if self.parts is not None:
+        if self.state is not None:
             raise RuntimeError("KV canary: already installed on this ModelRunner")
         model_runner = self._model_runner
-        parts = self.parts = build_pool_components(
+        parts = build_pool_components(
             config=self.config, model_runner=model_runner, kernels=self._kernels,
             oracle=self.oracle, accounting=self.accounting, device=self._device,
         )
