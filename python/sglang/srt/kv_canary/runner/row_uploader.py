@@ -75,6 +75,9 @@ class RowUploader:
         self.seq_lens_mirror = self._area[:mirror_rows]
         self._staging = self._area[mirror_rows:]
         self._staged: dict[_LayoutKey, tuple[torch.Tensor, UploadSections]] = {}
+        # the mirror's first rows per batch size, cut once (a view per size; at most one per
+        # row count of the mirror)
+        self._mirror_views: dict[int, torch.Tensor] = {}
 
     @property
     def device_bytes(self) -> dict[str, int]:
@@ -97,16 +100,19 @@ class RowUploader:
             ValueError: the batch has more rows than the mirror.
         """
         rows = seq_lens_cpu.shape[0]
-        if rows > self.seq_lens_mirror.shape[0]:
-            raise ValueError(
-                f"KV canary: a batch of {rows} rows is larger than the seq_lens mirror "
-                f"({self.seq_lens_mirror.shape[0]} rows)"
-            )
+        target = self._mirror_views.get(rows)
+        if target is None:
+            if rows > self.seq_lens_mirror.shape[0]:
+                raise ValueError(
+                    f"KV canary: a batch of {rows} rows is larger than the seq_lens mirror "
+                    f"({self.seq_lens_mirror.shape[0]} rows)"
+                )
+            target = self._mirror_views[rows] = self.seq_lens_mirror[:rows]
         if rows == 0:
             return
         buffer = self._ring.take(rows)
         buffer.array[:rows] = seq_lens_cpu.numpy()
-        self._ring.copy(buffer, to=self.seq_lens_mirror[:rows], mark=mark)
+        self._ring.copy(buffer, to=target, mark=mark)
 
     def apply(self, updates: RowUpdates, *, mark: int) -> None:
         """Copy ``updates.packed`` to the device, apply its sections and commit the bookkeeping
