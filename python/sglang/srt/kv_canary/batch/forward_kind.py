@@ -27,6 +27,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+import torch
+
 from sglang.jit_kernel.kv_canary.kernel_inputs import BatchLayout
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
@@ -90,6 +92,12 @@ def forward_kind(forward_batch: ForwardBatch) -> ForwardKind | None:
     if kind is ForwardKind.DECODE and _is_draft_input(forward_batch):
         return ForwardKind.DRAFT_DECODE
     return kind
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph (the forward being run
+    is recorded, not executed)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def speculative_block(forward_batch: ForwardBatch) -> int:

@@ -73,7 +73,12 @@ from sglang.srt.kv_canary.batch.carrier import (
     batch_inputs_of,
     carried_field,
 )
-from sglang.srt.kv_canary.batch.forward_kind import ForwardKind, forward_kind, host_prefix_lens
+from sglang.srt.kv_canary.batch.forward_kind import (
+    ForwardKind,
+    capturing,
+    forward_kind,
+    host_prefix_lens,
+)
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig, get_active_config
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError, refuse_unless_supported
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
@@ -84,7 +89,7 @@ from sglang.srt.kv_canary.runner.batch_view import build_batch_view
 from sglang.srt.kv_canary.runner.components import build_pool_components, installed_line
 from sglang.srt.kv_canary.runner.graph_request_ids import GraphRequestIds
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
-from sglang.srt.kv_canary.runner.launch_accounting import LaunchAccounting, capturing
+from sglang.srt.kv_canary.runner.launch_accounting import LaunchAccounting
 from sglang.srt.kv_canary.runner.memory_budget import MemoryBudget
 from sglang.srt.kv_canary.runner.model_forward import install_model_forward
 from sglang.srt.kv_canary.runner.radix_sweep import RadixSweep

@@ -20,14 +20,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from sglang.srt.kv_canary.batch.forward_kind import capturing
 from sglang.srt.kv_canary.monitor.health import CanaryHealthError
 
 _T = TypeVar("_T")
-
-
-def capturing(device: torch.device) -> bool:
-    """Whether the current stream of ``device`` is capturing a CUDA graph."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
-from sglang.srt.kv_canary.batch.forward_kind import ForwardKind, speculative_block
+from sglang.srt.kv_canary.batch.forward_kind import ForwardKind, capturing, speculative_block
 from sglang.srt.kv_canary.runner.graph_padding import point_padded_rows_at_row_zero
 from sglang.srt.kv_canary.runner.graph_request_ids import GraphRequestIds
 from sglang.srt.kv_canary.runner.launch_accounting import LaunchAccounting
@@ -70,7 +70,7 @@ class UniformBlocks:
         """
         buffers = self._buffers.get(block)
         if buffers is None or buffers[0].shape[0] < rows:
-            if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if capturing(self._device):
                 raise RuntimeError(
                     f"KV canary: a captured forward needs {rows} rows of block {block}, more "
                     "than the preallocated uniform blocks"

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from sglang.srt.kv_canary.batch.carrier import CanaryBatchInputs, carried_field
-from sglang.srt.kv_canary.batch.forward_kind import ForwardKind
-from sglang.srt.kv_canary.runner.launch_accounting import capturing
+from sglang.srt.kv_canary.batch.forward_kind import ForwardKind, capturing
 from sglang.srt.kv_canary.runner.request_rows import RowUpdates
 from sglang.srt.kv_canary.token_history.history import TokenHistory
 from sglang.srt.kv_canary.token_history.write_expectations import (

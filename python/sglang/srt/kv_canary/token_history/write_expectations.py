@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sglang.srt.kv_canary.batch.forward_kind import capturing
 from sglang.srt.kv_canary.token_oracle.manager import (
     NO_EXPECTATION,
     ExpectedInputs,
@@ -116,10 +117,6 @@ def write_input_assert_applies(forward_batch: ForwardBatch) -> bool:
     return not is_draft_decode
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 class WriteExpectations:
     """The write-input assert's expectations of one model runner.
 
@@ -184,7 +181,7 @@ class WriteExpectations:
         The preallocated buffer is never replaced: captured graphs keep its address."""
         if num_tokens <= self._expected.capacity:
             return self._expected
-        if _capturing(self._device):
+        if capturing(self._device):
             raise RuntimeError(
                 f"KV canary write-input assert: a captured forward has {num_tokens} tokens but "
                 f"the preallocated expectations hold {self._expected.capacity}"
