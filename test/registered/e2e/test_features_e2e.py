@@ -6,8 +6,8 @@
 2. A byte flipped right after the forward in a slot it wrote (``..._REAL_KV_POST_FORWARD_PROB``)
    is reported by a later verify of that slot.
 3. ``REINJECT_PADDED_ROW_BUG=1`` leaves SGLang 0.5.12's stale padded CUDA-graph rows in place:
-   the canary reports them (``write_unmapped``: a padded row still naming a request writes its
-   token to the padding slot 0).
+   the canary reports each one (``padded_row``: a row past the replay's live rows still names a
+   request) and lets it change nothing (no other row in the log).
 4. A device ``seq_lens`` drifting from the scheduler's host mirror (``PERTURB_SEQ_LENS_PROB``)
    is reported by ``verify_seq_lens``.
 """
@@ -22,6 +22,7 @@ from _workloads import (
     assert_clean_canary_log,
     concurrent_traffic,
     faults_and_rows,
+    polled_log,
     request,
     tokens,
     union,
@@ -52,8 +53,7 @@ def test_sweep_keeps_a_long_run_with_eviction_clean(canary_server) -> None:
     server = canary_server(env=env, args=_SMALL_POOL)
     _distinct_prompts(server, count=40, seed=1)  # more than the pool holds: eviction
     concurrent_traffic(server, rounds=4, seed=2)
-    server.generate(request("last", tokens(random.Random(3), 30), 30))
-    log = server.log_text()
+    log = polled_log(server)
     assert server.returncode is None
     assert_clean_canary_log(log)
     stats = [m for m in map(STATS_LINE_RE.search, log.splitlines()) if m]
@@ -105,10 +105,14 @@ def test_reinjected_padded_row_bug_is_reported(canary_server) -> None:
     log = server.log_text()
     assert "padded_row_fix=OFF" in log
     _, rows = faults_and_rows(log)
-    unmapped = [r for r in rows if r.reasons & int(Reason.WRITE_UNMAPPED)]
-    assert unmapped, log[-3000:]
-    assert all(r.check is CheckKind.WRITE and r.slot == 0 and r.req_pool_idx != 0
-               for r in unmapped)
+    padded = [r for r in rows if r.reasons & int(Reason.PADDED_ROW)]
+    assert padded, log[-3000:]
+    # each one a stale padded row (past the live rows) that changed nothing: no other reason
+    # in the whole log, no verify_owner of the live requests it pointed at
+    assert all(r.check is CheckKind.PRE_VERIFY and r.reasons == int(Reason.PADDED_ROW)
+               and r.slot == 0 and r.req_pool_idx != 0 and r.position >= r.expected_chain
+               for r in padded)
+    assert len(padded) == len(rows), [r for r in rows if r not in padded][:5]
 
 
 @pytest.mark.gpu

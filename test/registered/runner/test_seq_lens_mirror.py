@@ -193,5 +193,41 @@ def test_layouts_that_alternate_are_cut_from_the_upload_area_once(caplog, monkey
     )
 
 
+def test_the_live_row_count_goes_up_with_the_mirror(caplog) -> None:
+    """The head of the upload area is the batch's row count, uploaded with its seq_lens: a
+    replayed graph's padded rows lie past it."""
+    server, runner = _server(caplog, _Drift())
+    requests = _requests(server, [5, 3, 4])
+    server.extend([(r, len(r.prompt)) for r in requests])
+    assert runner.uploader.live_rows.tolist() == [3]
+    server.decode(requests[:1], padded_rows=3)
+    assert runner.uploader.live_rows.tolist() == [1]
+    assert runner.uploader.seq_lens_mirror[:1].tolist() == [6]
+    assert _rows(caplog, runner) == []
+
+
+def test_stale_padded_rows_are_reported_and_leave_the_live_rows_alone(caplog) -> None:
+    """Padded graph rows that carry live requests' rows (SGLang 0.5.12 without the padded-row
+    fix): one ``padded_row`` per padded row and forward, position = its batch row, expected
+    chain = the live row count; nothing else, then and in later forwards (the live requests'
+    owner chains were not touched)."""
+    server, runner = _server(caplog, _Drift())
+    requests = _requests(server, [5, 3, 4])
+    server.extend([(r, len(r.prompt)) for r in requests])
+    server.decode(requests)
+    step = server.forwards
+    server.decode(requests[:2], padded_rows=2, stale_padding=True)
+    rows = _rows(caplog, runner)
+    assert sorted((r.check, r.reasons, r.req_pool_idx, r.slot, r.position, r.expected_chain,
+                   r.step) for r in rows) == sorted(
+        (CheckKind.PRE_VERIFY, int(Reason.PADDED_ROW), requests[b % 2].req_pool_idx, 0, b, 2,
+         step)
+        for b in (2, 3)
+    )
+    server.decode(requests)
+    server.decode(requests)
+    assert _rows(caplog, runner) == rows  # nothing new
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -41,12 +41,21 @@ tensors). Batches of any size are walked in fixed blocks of ``ROW_BLOCK`` rows.
   the row's earlier tiles is recomputed by the tile's own program, ``SCAN_BLOCK`` tokens per
   vector step, so an 8k-token prefill chunk is written by 16 programs in parallel. The lane
   holding a row's last token checks the row's owner chain and advances it (one program per
-  row, load before store). The checks of the written tokens' inputs (positions, write-input
-  expectations, unmapped slots) run in the pre launch for DECODE and in the post launch for
-  EXTEND, which walks the same tiles again: an eager prefill's expectations are then built
-  and sent while the model runs, off the path to its first token.
-* Row checks (seq_lens invariant in the pre launch, ownership at the last position in the post
-  launch) are vectorized over a row block by one program per block.
+  row, load before store). With real data, each written slot's landing window in every source
+  gets this forward's poison (16 bytes per source); the post launch, which reads the new slots'
+  windows anyway to store their fingerprints, reports a slot where the model left the poison in
+  place (``VERIFY_NOT_LANDED``: its K/V write landed elsewhere). The checks of the written
+  tokens' inputs (positions, write-input expectations, unmapped slots) run in the pre launch
+  for DECODE and in the post launch for EXTEND, which walks the same tiles again: an eager
+  prefill's expectations are then built and sent while the model runs, off the path to its
+  first token.
+* Live rows. A row block's live lanes (:data:`.consts.PADDING_REQ_POOL_INDEX`) compare each
+  row's ``req_pool_idx`` with the earlier rows', ``DUP_CHUNK`` rows per vector step (a few steps
+  for a decode batch), and stop at ``live_rows`` (the rows the scheduler sent, read from the
+  device: a replayed graph's padded rows lie past it). Rows that are not live are never
+  verified or written and never change an owner chain.
+* Row checks (padded rows and the seq_lens invariant in the pre launch, ownership at the last
+  position in the post launch) are vectorized over a row block by one program per block.
 * Violations. A tile with failing lanes reserves ring rows with one atomic add on
   ``counters[COUNTER_VIOLATIONS]`` and places them at the reserved indices (modulo the ring's
   capacity, dropped past ``capacity`` unconsumed rows). Clean tiles touch no atomics. Each
@@ -110,7 +119,10 @@ from sglang.jit_kernel.kv_canary.triton_helpers import (
     load_record_head,
     load_record_tail,
     load_req_to_token,
+    landing_window_poisoned,
+    poison_landing_window,
     ring_append,
+    row_sums,
     slot_fingerprint,
     successor_chain,
     sum_1d,
@@ -139,6 +151,8 @@ _VERIFY_OWNER = tl.constexpr(int(Reason.VERIFY_OWNER))
 _VERIFY_OVERWRITTEN = tl.constexpr(int(Reason.VERIFY_OVERWRITTEN))
 _VERIFY_UNWRITTEN = tl.constexpr(int(Reason.VERIFY_UNWRITTEN))
 _VERIFY_SEQ_LENS = tl.constexpr(int(Reason.VERIFY_SEQ_LENS))
+_PADDED_ROW = tl.constexpr(int(Reason.PADDED_ROW))
+_VERIFY_NOT_LANDED = tl.constexpr(int(Reason.VERIFY_NOT_LANDED))
 _WRITE_TOKEN = tl.constexpr(int(Reason.WRITE_TOKEN))
 _WRITE_POSITION = tl.constexpr(int(Reason.WRITE_POSITION))
 _WRITE_UNMAPPED = tl.constexpr(int(Reason.WRITE_UNMAPPED))
@@ -167,6 +181,31 @@ def _token_counts(extend_seq_lens_ptr, rows, mask, LAYOUT: tl.constexpr):
 
 
 @triton.jit
+def _repeats_earlier_row(req_pool_indices_ptr, rows, rp, on, end, DUP_CHUNK: tl.constexpr):
+    """bool: lanes ``on`` whose pool row ``rp`` is also carried by an earlier batch row
+    ``j < rows`` (``j < end``, ``req_pool_indices[j] != 0``). ``rows`` / ``rp`` / ``on`` are
+    vectors of one shape; ``end`` bounds the earlier rows read (``DUP_CHUNK`` per step)."""
+    repeats = rows < 0
+    for start in range(0, end, DUP_CHUNK):
+        j = start + tl.arange(0, DUP_CHUNK)
+        rp_j = tl.load(req_pool_indices_ptr + j, mask=j < end, other=0).to(tl.int64)
+        same = (rp_j[None, :] == rp[:, None]) & (j[None, :] < rows[:, None])
+        same = same & (rp_j[None, :] != 0)
+        repeats = repeats | (row_sums(same.to(tl.int32)) != 0)
+    return on & repeats
+
+
+@triton.jit
+def _live_lanes(req_pool_indices_ptr, rows, rp, in_batch, live_rows, end,
+                DUP_CHUNK: tl.constexpr):
+    """bool: the live lanes among ``rows`` (see :data:`.consts.PADDING_REQ_POOL_INDEX`):
+    inside the batch, a request row, before ``live_rows``, not repeating an earlier live row
+    (``end``: one past the last of ``rows``, clipped to ``live_rows``)."""
+    inside = in_batch & (rp != 0) & (rows < live_rows)
+    return inside & ~_repeats_earlier_row(req_pool_indices_ptr, rows, rp, inside, end, DUP_CHUNK)
+
+
+@triton.jit
 def _first_owned_item(item_base, pid, num_programs):
     """The first global item index ``>= item_base`` dealt to program ``pid``."""
     return item_base + (pid + num_programs - item_base % num_programs) % num_programs
@@ -178,6 +217,53 @@ def _locate(local_item, tile_counts, tile_ends, lanes):
     row = sum_1d((tile_ends <= local_item).to(tl.int32))
     first_item = sum_1d(tl.where(lanes == row, tile_ends - tile_counts, 0))
     return row, local_item - first_item
+
+
+# ============================================================================= landing poison
+
+
+@triton.jit
+def _poison_sources(
+    slot, mask, step,
+    src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+    src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+    NUM_SOURCES: tl.constexpr, WORDS0: tl.constexpr, WORDS1: tl.constexpr,
+    WORDS2: tl.constexpr, WORDS3: tl.constexpr,
+):
+    """Write the landing poison of forward ``step`` into every source's window of ``slot``."""
+    if NUM_SOURCES > 0:
+        poison_landing_window(src0_ptr, src0_rows, src0_stride, slot, mask, step, 0, WORDS0)
+    if NUM_SOURCES > 1:
+        poison_landing_window(src1_ptr, src1_rows, src1_stride, slot, mask, step, 1, WORDS1)
+    if NUM_SOURCES > 2:
+        poison_landing_window(src2_ptr, src2_rows, src2_stride, slot, mask, step, 2, WORDS2)
+    if NUM_SOURCES > 3:
+        poison_landing_window(src3_ptr, src3_rows, src3_stride, slot, mask, step, 3, WORDS3)
+
+
+@triton.jit
+def _any_source_poisoned(
+    slot, mask, step,
+    src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+    src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+    NUM_SOURCES: tl.constexpr, WORDS0: tl.constexpr, WORDS1: tl.constexpr,
+    WORDS2: tl.constexpr, WORDS3: tl.constexpr,
+):
+    """bool: lanes ``mask`` where some source's window still holds forward ``step``'s poison."""
+    poisoned = mask ^ mask
+    if NUM_SOURCES > 0:
+        poisoned |= landing_window_poisoned(src0_ptr, src0_rows, src0_stride, slot, mask, step,
+                                            0, WORDS0)
+    if NUM_SOURCES > 1:
+        poisoned |= landing_window_poisoned(src1_ptr, src1_rows, src1_stride, slot, mask, step,
+                                            1, WORDS1)
+    if NUM_SOURCES > 2:
+        poisoned |= landing_window_poisoned(src2_ptr, src2_rows, src2_stride, slot, mask, step,
+                                            2, WORDS2)
+    if NUM_SOURCES > 3:
+        poisoned |= landing_window_poisoned(src3_ptr, src3_rows, src3_stride, slot, mask, step,
+                                            3, WORDS3)
+    return poisoned
 
 
 # ============================================================================= verify
@@ -228,7 +314,8 @@ def _verify_tile(
     REAL_DATA_STRIDE: tl.constexpr,
 ):
     """Verify positions ``position`` (lanes ``lanes_on``) of pool row ``rp`` whose prefix length
-    is ``prefix``; append violation rows; return the number of slots verified (int64)."""
+    is ``prefix``; append violation rows; return the number of slots verified (int64). The
+    real-data sources are read after the forward only."""
     slot = load_req_to_token(req_to_token_ptr, rt_rows, rt_cols, rt_stride, rp, position, lanes_on)
     mapped = lanes_on & (slot != 0)
     prev_slot = load_req_to_token(
@@ -237,38 +324,44 @@ def _verify_tile(
     reasons, token, chain, expected_chain = check_records(
         records_ptr, num_slots, slot, mapped, position, prev_slot, position == 0
     )
-    if PHASE == POST or NUM_SOURCES > 0:
-        fingerprint, stamp = load_record_tail(records_ptr, num_slots, slot, mapped)
-        stamped = stamp == step + 1
     new = position >= prefix
     if PHASE == POST:
+        fingerprint, stamp = load_record_tail(records_ptr, num_slots, slot, mapped)
+        stamped = stamp == step + 1
         reasons |= tl.where(~new & stamped, _VERIFY_OVERWRITTEN, 0)
         reasons |= tl.where(new & ~stamped, _VERIFY_UNWRITTEN, 0)
-    if NUM_SOURCES > 0:
-        # The lanes whose bytes are read: every mapped one, or with a stride the prefix
-        # positions due this step and the new ones (whose fingerprints are stored).
-        folded = mapped
-        if REAL_DATA_STRIDE > 1:
-            folded = mapped & (((position + step) % REAL_DATA_STRIDE == 0) | new)
-        # partial: a due prefix position reads one source (its lane is compared), a new one
-        # every source (its whole fingerprint is stored)
-        due = (position + step) // REAL_DATA_STRIDE % NUM_SOURCES
-        live = slot_fingerprint(
-            slot, folded, due, new,
-            src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
-            src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-            NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
-        )
-        checked = ~stamped & folded
-        if PHASE == POST:
+        if NUM_SOURCES > 0:
+            # The model must have replaced the landing poison of every slot it wrote.
+            landed = mapped & new & stamped
+            poisoned = _any_source_poisoned(
+                slot, landed, step,
+                src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+                src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+                NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
+            )
+            reasons |= tl.where(poisoned, _VERIFY_NOT_LANDED, 0)
+            # The lanes whose bytes are read: every mapped one, or with a stride the prefix
+            # positions due this step and the new ones (whose fingerprints are stored).
+            folded = mapped
+            if REAL_DATA_STRIDE > 1:
+                folded = mapped & (((position + step) % REAL_DATA_STRIDE == 0) | new)
+            # partial: a due prefix position reads one source (its lane is compared), a new one
+            # every source (its whole fingerprint is stored)
+            due = (position + step) // REAL_DATA_STRIDE % NUM_SOURCES
+            live = slot_fingerprint(
+                slot, folded, due, new,
+                src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+                src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+                NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
+            )
             # A new slot's bytes were just written by the model: store, do not check.
-            checked = checked & ~new
+            checked = ~stamped & folded & ~new
             store = mapped & new & stamped
             tl.store(records_ptr + slot * _RECORD_FIELDS + _FIELD_FINGERPRINT, live, mask=store)
-        differs = fingerprint ^ live
-        if PARTIAL:
-            differs &= lane_mask(due, NUM_SOURCES)
-        reasons |= tl.where(checked & (differs != 0), _VERIFY_REAL_KV, 0)
+            differs = fingerprint ^ live
+            if PARTIAL:
+                differs &= lane_mask(due, NUM_SOURCES)
+            reasons |= tl.where(checked & (differs != 0), _VERIFY_REAL_KV, 0)
     expected_token = tl.full(position.shape, NO_TOKEN_C, dtype=tl.int64)
     if VERIFY_TOKEN:
         known_len = known_history_len(history_lens_ptr, history_rows, history_cols, rp, rp >= 0)
@@ -329,11 +422,28 @@ def _write_lanes(
     ring_capacity,
     counters_ptr,
     owner_chains_ptr,
+    src0_ptr,
+    src0_rows,
+    src0_stride,
+    src1_ptr,
+    src1_rows,
+    src1_stride,
+    src2_ptr,
+    src2_rows,
+    src2_stride,
+    src3_ptr,
+    src3_rows,
+    src3_stride,
     SCAN: tl.constexpr,
     CHECK_INPUTS: tl.constexpr,
     HAS_HISTORY: tl.constexpr,
     HAS_EXPECTED_INPUT_IDS: tl.constexpr,
     HAS_EXPECTED_POSITIONS: tl.constexpr,
+    NUM_SOURCES: tl.constexpr,
+    WORDS0: tl.constexpr,
+    WORDS1: tl.constexpr,
+    WORDS2: tl.constexpr,
+    WORDS3: tl.constexpr,
 ):
     """Write the records of the tokens in ``lanes_on`` (per lane: pool row ``rp``, prefix length
     ``prefix``, index ``k`` of the token within its row of ``count`` tokens, token index
@@ -341,7 +451,9 @@ def _write_lanes(
     layout's are checked by the post launch), and check and advance the owner chain of each row
     whose last token is in a lane. ``earlier_terms`` is the sum of the chain terms of the row's
     tokens before the tile; with ``SCAN`` (one row per tile) the lanes chain onto each other,
-    else each lane is its row's only token. Returns the number of slots written (int64)."""
+    else each lane is its row's only token. With real-data sources, the landing window of every
+    slot written gets this forward's poison (the post launch requires the model to replace it).
+    Returns the number of slots written (int64)."""
     # Seed: the chain value of the row's first new token.
     has_prefix = lanes_on & (prefix != 0)
     seed_slot = load_req_to_token(
@@ -366,6 +478,12 @@ def _write_lanes(
     tail = tl.join(chain * 0, chain * 0 + step + 1)
     tl.store(records_ptr + fields + _FIELD_TOKEN_POSITION, head, mask=storable[:, None])
     tl.store(records_ptr + fields + _FIELD_FINGERPRINT, tail, mask=storable[:, None])
+    _poison_sources(
+        slot, storable, step,
+        src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+        src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+        NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
+    )
 
     if CHECK_INPUTS:
         _check_write_inputs(
@@ -492,6 +610,18 @@ def _check_seq_lens(rows, live, rp, seq_lens_ptr, host_seq_lens_ptr, ring_ptr, r
 
 
 @triton.jit
+def _report_padded_rows(rows, in_batch, rp, live, live_rows, ring_ptr, ring_capacity,
+                        counters_ptr, step):
+    """Pre launch: a row with a request row that is not live (past ``live_rows``, or repeating an
+    earlier live row's ``req_pool_idx``) changes nothing and is reported once."""
+    padded = in_batch & (rp != 0) & ~live
+    ring_append(
+        ring_ptr, counters_ptr, ring_capacity, padded, PRE, _PADDED_ROW, rp, 0, rows,
+        NO_TOKEN_C, NO_TOKEN_C, rows, rows * 0 + live_rows, step,
+    )
+
+
+@triton.jit
 def _check_owner_after(rp, prefix, count, live, records_ptr, num_slots, req_to_token_ptr,
                        rt_rows, rt_cols, rt_stride, owner_chains_ptr, ring_ptr, ring_capacity,
                        counters_ptr, step):
@@ -517,7 +647,7 @@ def _check_owner_after(rp, prefix, count, live, records_ptr, num_slots, req_to_t
 _BATCH_POINTERS = [
     "req_pool_indices_ptr", "seq_lens_ptr", "extend_prefix_lens_ptr", "extend_seq_lens_ptr",
     "extend_start_loc_ptr", "host_seq_lens_ptr", "input_ids_ptr", "positions_ptr",
-    "out_cache_loc_ptr", "expected_input_ids_ptr", "expected_positions_ptr",
+    "out_cache_loc_ptr", "expected_input_ids_ptr", "expected_positions_ptr", "live_rows_ptr",
 ]
 
 
@@ -538,6 +668,7 @@ def _canary_forward_kernel(
     out_cache_loc_ptr,
     expected_input_ids_ptr,
     expected_positions_ptr,
+    live_rows_ptr,
     bs,
     num_tokens,
     history_ptr,
@@ -552,6 +683,7 @@ def _canary_forward_kernel(
     HAS_EXPECTED_INPUT_IDS: tl.constexpr,
     HAS_EXPECTED_POSITIONS: tl.constexpr,
     HAS_HOST_SEQ_LENS: tl.constexpr,
+    HAS_LIVE_ROWS: tl.constexpr,
     # ---- fixed per device state and phase (the launcher's bound tail: _bound_launch)
     PHASE: tl.constexpr,
     records_ptr,
@@ -589,8 +721,12 @@ def _canary_forward_kernel(
     WRITE_TILE: tl.constexpr,
     DECODE_WRITE_ROWS: tl.constexpr,
     SCAN_BLOCK: tl.constexpr,
+    DUP_CHUNK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
+    live_rows = bs.to(tl.int64)
+    if HAS_LIVE_ROWS:
+        live_rows = tl.minimum(tl.maximum(tl.load(live_rows_ptr), 0), live_rows)
     if PHASE == PRE:
         step = tl.load(counters_ptr + _COUNTER_STEP)
     else:
@@ -606,7 +742,8 @@ def _canary_forward_kernel(
         rows = block_start + lanes
         in_batch = rows < bs
         rp_block = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=0).to(tl.int64)
-        live = in_batch & (rp_block != 0)
+        live = _live_lanes(req_pool_indices_ptr, rows, rp_block, in_batch, live_rows,
+                           tl.minimum(block_start + ROW_BLOCK, live_rows), DUP_CHUNK)
         prefix_block = _prefix_lens(seq_lens_ptr, extend_prefix_lens_ptr, rows, live, LAYOUT)
         count_block = _token_counts(extend_seq_lens_ptr, rows, live, LAYOUT)
 
@@ -651,11 +788,13 @@ def _canary_forward_kernel(
                 total = cdiv(block_rows, DECODE_WRITE_ROWS)
                 for item in range(_first_owned_item(item_base, pid, num_programs),
                                   item_base + total, num_programs):
-                    b = block_start + (item - item_base) * DECODE_WRITE_ROWS
-                    b = b + tl.arange(0, DECODE_WRITE_ROWS)
+                    first_row = block_start + (item - item_base) * DECODE_WRITE_ROWS
+                    b = first_row + tl.arange(0, DECODE_WRITE_ROWS)
                     on = b < bs
                     rp = tl.load(req_pool_indices_ptr + b, mask=on, other=0).to(tl.int64)
-                    on = on & (rp != 0)
+                    on = _live_lanes(req_pool_indices_ptr, b, rp, on, live_rows,
+                                     tl.minimum(first_row + DECODE_WRITE_ROWS, live_rows),
+                                     DUP_CHUNK)
                     prefix = _prefix_lens(seq_lens_ptr, extend_prefix_lens_ptr, b, on, LAYOUT)
                     written += _write_lanes(
                         rp, prefix, b * 0, b * 0 + 1, b, on, 0, step,
@@ -665,7 +804,10 @@ def _canary_forward_kernel(
                         history_lens_ptr, records_ptr, num_slots,
                         req_to_token_ptr, rt_rows, rt_cols, rt_stride,
                         ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
+                        src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+                        src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
                         False, True, HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
+                        NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
                     )
             else:
                 # WRITE_TILE tokens of one row per item.
@@ -698,7 +840,10 @@ def _canary_forward_kernel(
                             history_lens_ptr, records_ptr, num_slots,
                             req_to_token_ptr, rt_rows, rt_cols, rt_stride,
                             ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
+                            src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+                            src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
                             True, False, HAS_HISTORY, False, False,
+                            NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
                         )
                     else:  # the same tokens' write checks, after the model
                         valid, token, position, slot = _written_token(
@@ -717,6 +862,8 @@ def _canary_forward_kernel(
         # ---- row checks: one program per row block
         if (block_start // ROW_BLOCK) % num_programs == pid:
             if PHASE == PRE:
+                _report_padded_rows(rows, in_batch, rp_block, live, live_rows, ring_ptr,
+                                    ring_capacity, counters_ptr, step)
                 if HAS_HOST_SEQ_LENS:
                     _check_seq_lens(rows, live, rp_block, seq_lens_ptr, host_seq_lens_ptr,
                                     ring_ptr, ring_capacity, counters_ptr, step)
@@ -747,10 +894,12 @@ def _canary_forward_kernel(
 
 def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> None:
     """Before the model forward: verify every live row's prefix (real data excepted: the post
-    launch verifies it), write this forward's records (stamped ``step + 1``, fingerprint 0) and
-    check a DECODE layout's written inputs, check and advance the rows' owner chains, check the
-    seq_lens invariant (see :mod:`.canary_forward_ref` for the exact contract). An EXTEND
-    layout's write-input expectations are not read here (the post launch checks them).
+    launch verifies it), write this forward's records (stamped ``step + 1``, fingerprint 0) and,
+    real data on, the landing poison of their slots, check a DECODE layout's written inputs,
+    check and advance the rows' owner chains, report the rows that carry a request row but are
+    not live, check the seq_lens invariant (see :mod:`.canary_forward_ref` for the exact
+    contract). An EXTEND layout's write-input expectations are not read here (the post launch
+    checks them).
 
     One kernel launch on the current stream; no host synchronization, no allocation;
     CUDA-graph capturable (the grid depends only on ``bs``, ``num_tokens``, ``max_context_len``
@@ -760,8 +909,9 @@ def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> N
 
 
 def launch_post_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> None:
-    """After the model forward: verify every live row's prefix and new positions, store the new
-    slots' fingerprints, check an EXTEND layout's written inputs, check the rows' owner chains,
+    """After the model forward: verify every live row's prefix and new positions (real data on:
+    the new slots' landing poison must be gone), store the new slots' fingerprints, check an
+    EXTEND layout's written inputs, check the rows' owner chains,
     advance the step counter (see :mod:`.canary_forward_ref`).
 
     One kernel launch on the current stream; no host synchronization, no allocation;
@@ -779,6 +929,7 @@ class Tiles:
     write_tile: int = 512  # tokens per EXTEND write item
     decode_write_rows: int = 64  # rows per DECODE write item
     scan_block: int = 2048  # tokens per step of the cross-tile chain sum
+    dup_chunk: int = 16  # earlier rows per step of the repeated-row check
     tile_elements: int = 1024  # verify lanes x words per fingerprint step (register budget)
     min_verify_tile: int = 64
 
@@ -818,11 +969,11 @@ def _bound_launch(state: CanaryDeviceState, phase: CheckKind) -> _BoundLaunch:
     # Real data is verified after the forward only: the post launch sees every corruption the
     # pre launch would (bytes changed before the forward are still changed after it) plus the
     # ones made during the forward, so folding the bytes twice per step would double the cost
-    # for nothing. The pre launch compiles as with real data off.
-    real_data = state.real_data if phase is CheckKind.POST_VERIFY else None
+    # for nothing. The pre launch only writes the landing poison into the slots to be written.
+    real_data = state.real_data
     real = real_data_constexprs(real_data)
     verify_tile = tiles.verify_tile
-    if real["NUM_SOURCES"] and not real["PARTIAL"]:
+    if phase is CheckKind.POST_VERIFY and real["NUM_SOURCES"] and not real["PARTIAL"]:
         verify_tile = min(
             verify_tile, max(tiles.min_verify_tile, tiles.tile_elements // real["WORD_CHUNK"])
         )
@@ -846,6 +997,7 @@ def _bound_launch(state: CanaryDeviceState, phase: CheckKind) -> _BoundLaunch:
         tiles.write_tile,
         tiles.decode_write_rows,
         tiles.scan_block,
+        tiles.dup_chunk,
     )
     bound = _BoundLaunch(state=state, launch=_LAUNCH.with_tail(tail), verify_tile=verify_tile)
     if len(_BOUND) >= _MAX_BOUND:
@@ -879,6 +1031,7 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         batch.out_cache_loc,
         _or(expected_input_ids, placeholder),
         _or(expected_positions, placeholder),
+        _or(batch.live_rows, placeholder),
         batch.batch_size,
         batch.num_tokens,
         *((placeholder, 0, 0, 0, placeholder) if history is None
@@ -891,6 +1044,7 @@ def _launch(*, state: CanaryDeviceState, batch: CanaryBatchView, phase: CheckKin
         checks_inputs and expected_input_ids is not None,
         checks_inputs and expected_positions is not None,
         phase is CheckKind.PRE_VERIFY and host_seq_lens is not None,
+        batch.live_rows is not None,
     )
 
 

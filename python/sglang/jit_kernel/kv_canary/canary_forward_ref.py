@@ -5,7 +5,11 @@ owner chains equal, violation rings equal as multisets).
 This module is the executable specification. It loops over batch rows on the host and
 synchronizes freely: use it for tests and CPU self-checks, never in the forward path.
 
-Terms. Row ``b`` is live when ``rp = req_pool_indices[b] != 0``; padded rows are skipped entirely.
+Terms. Row ``b`` is live when ``rp = req_pool_indices[b] != 0``, ``b < live`` (``live =
+live_rows[0]`` clipped to ``[0, bs]`` where given, else ``bs``) and no earlier row ``b' < b`` with
+``rp' != 0`` and ``b' < live`` has ``rp' == rp``. Only live rows are verified, written or change
+owner chains; every other row with ``rp != 0`` is reported by the pre launch (step 0 there) and
+otherwise skipped, like a row with ``rp == 0`` (padding).
 ``P`` is its prefix length (``DECODE``: ``seq_lens[b] - 1``; ``EXTEND``: ``extend_prefix_lens[b]``),
 ``n`` the tokens it writes this forward (``DECODE``: 1; ``EXTEND``: ``max(extend_seq_lens[b],
 0)``), its ``k``-th token is ``i = first + k`` (``DECODE``: ``first = b``; ``EXTEND``: ``first =
@@ -17,7 +21,11 @@ low 32 bits. ``L`` is ``req_to_token``'s width. ``S`` is the forward's step inde
 
 Pre launch (before the model forward; ``S = counters[COUNTER_STEP]``):
 
-0. seq_lens invariant (``host_seq_lens`` given): a live row with ``seq_lens[b] !=
+0. padded rows: each row ``b`` with ``rp != 0`` that is not live gives a ``PRE_VERIFY`` row
+   ``PADDED_ROW`` with slot 0, position ``b``, tokens -1, stored / expected chain ``b`` /
+   ``live`` (so ``b >= live``: past the batch's live rows, e.g. a stale CUDA-graph padding row;
+   ``b < live``: it repeats an earlier live row's ``req_pool_idx``).
+   seq_lens invariant (``host_seq_lens`` given): a live row with ``seq_lens[b] !=
    host_seq_lens[b]`` gives a ``PRE_VERIFY`` row ``VERIFY_SEQ_LENS`` with slot 0, position
    ``seq_lens[b]``, tokens -1, stored/expected chain ``seq_lens[b]`` / ``host_seq_lens[b]``.
 1. verify (``PRE_VERIFY``) every position ``p`` in ``[0, min(P, L))`` with ``slot = rt(rp, p)``:
@@ -32,7 +40,9 @@ Pre launch (before the model forward; ``S = counters[COUNTER_STEP]``):
    -1).
 2. write (``WRITE``) the row's tokens: ``slot = out_cache_loc[i]``; slot 0 is not written;
    otherwise ``records[slot] = (pack(input_ids[i], positions[i]), chain_k, 0, S + 1)`` (never
-   outside ``[1, num_slots)``; such a slot is still checked and counted), where ``chain_k =
+   outside ``[1, num_slots)``; such a slot is still checked and counted) and, real data on,
+   the landing window of each written slot in every source gets the landing poison of step
+   ``S`` (:func:`~.hashing.landing_poison_scalar`), where ``chain_k =
    seed + sum(chain_term)`` over the row's earlier tokens and ``seed = CHAIN_ANCHOR`` if ``P ==
    0``, else ``derived(record(rt(rp, P - 1)))``. Write checks (layout ``DECODE`` only: an
    ``EXTEND`` layout's are made by the post launch, step 2 there): ``WRITE_UNMAPPED`` for slot 0;
@@ -62,8 +72,10 @@ advances ``COUNTER_STEP`` itself and so cannot read it race-free):
    :class:`~.kernel_inputs.RealDataSources`; ``partial``: in the lane of the source due at
    ``p``, :func:`~.hashing.due_source_scalar`), ``VERIFY_OVERWRITTEN`` if ``r.stamp == S + 1`` (a
    prefix slot was rewritten by this forward); for ``p >= P`` ``VERIFY_UNWRITTEN`` if ``r.stamp
-   != S + 1`` (the position this forward wrote maps to a slot it did not write), and instead of
-   checking the fingerprint, real data on and ``r.stamp == S + 1``:
+   != S + 1`` (the position this forward wrote maps to a slot it did not write), and, real data
+   on and ``r.stamp == S + 1``: ``VERIFY_NOT_LANDED`` if some source's landing window of the
+   slot still holds every word of step ``S``'s poison (the model's K/V write for it landed
+   elsewhere, or never happened), and instead of checking the fingerprint
    ``records[slot][FIELD_FINGERPRINT] =`` the fingerprint of the bytes the model just wrote.
 2. write checks of an ``EXTEND`` layout: the pre launch's write checks (step 2 there) of every
    token the row wrote, from the same ``input_ids``, ``positions``, ``out_cache_loc`` and
@@ -110,6 +122,8 @@ from sglang.jit_kernel.kv_canary.consts import (
 from sglang.jit_kernel.kv_canary.hashing import (
     chain_term_torch,
     due_sources_torch,
+    landing_columns_torch,
+    landing_poison_torch,
     lane_masks_torch,
     to_signed_i64,
 )
@@ -141,7 +155,7 @@ def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> N
     check_same_device(state=state, device=batch.device, what="CanaryBatchView")
     step = int(state.counters[COUNTER_STEP])
     rows = live_rows(batch)
-    violations: list[list[int]] = []
+    violations: list[list[int]] = _padded_rows(batch=batch, rows=rows, step=step)
     if batch.host_seq_lens is not None:
         violations += _seq_lens_rows(batch=batch, rows=rows, step=step)
     verified = 0
@@ -200,10 +214,26 @@ class LiveRow:
     first: int
 
 
+def live_row_count(batch: CanaryBatchView) -> int:
+    """How many of the batch's rows the scheduler sent: ``live_rows[0]`` clipped to ``[0,
+    bs]``, or ``bs`` without ``live_rows``."""
+    bs = batch.batch_size
+    if batch.live_rows is None:
+        return bs
+    return min(max(int(batch.live_rows[0]), 0), bs)
+
+
 def live_rows(batch: CanaryBatchView) -> list[LiveRow]:
-    """The batch's live rows (``req_pool_indices[b] != 0``), in batch order."""
+    """The batch's live rows (see the module docstring), in batch order."""
     bs = batch.batch_size
     rps = batch.req_pool_indices.tolist()
+    live = live_row_count(batch)
+    first_rows: set[int] = set()
+    is_live = []
+    for b, rp in enumerate(rps):
+        is_live.append(rp != 0 and b < live and rp not in first_rows)
+        if rp != 0 and b < live:
+            first_rows.add(rp)
     if batch.layout is BatchLayout.DECODE:
         prefixes = [s - 1 for s in batch.seq_lens.tolist()]
         counts, firsts = [1] * bs, list(range(bs))
@@ -214,7 +244,18 @@ def live_rows(batch: CanaryBatchView) -> list[LiveRow]:
     return [
         LiveRow(b=b, rp=rps[b], prefix=prefixes[b], count=counts[b], first=firsts[b])
         for b in range(bs)
-        if rps[b] != 0
+        if is_live[b]
+    ]
+
+
+def _padded_rows(*, batch: CanaryBatchView, rows: list[LiveRow], step: int) -> list[list[int]]:
+    """The ``PADDED_ROW`` rows of the pre launch: rows with a request row that are not live."""
+    live = live_row_count(batch)
+    live_indices = {row.b for row in rows}
+    return [
+        [_PRE, Reason.PADDED_ROW, rp, 0, b, NO_EXPECTED_TOKEN, NO_EXPECTED_TOKEN, b, live, step]
+        for b, rp in enumerate(batch.req_pool_indices.tolist())
+        if rp != 0 and b not in live_indices
     ]
 
 
@@ -259,6 +300,8 @@ def _verify_row(
     new = positions >= row.prefix
     if state.real_data is not None and phase is _POST:  # real data: after the forward only
         real = state.real_data
+        poisoned = _landing_poisoned(state, slots, step=step)
+        reasons |= (mapped & new & stamped & poisoned) * int(Reason.VERIFY_NOT_LANDED)
         live_bytes = fingerprints(state, slots)
         due, source = due_sources_torch(positions=positions, step=step,
                                         stride=real.verify_stride, num_sources=len(real.sources))
@@ -297,6 +340,34 @@ def _verify_row(
         ],
     )
     return int(mapped.sum())
+
+
+def _landing_windows(words: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(rows, columns, inside) of the landing windows of ``slots`` in one source."""
+    num_rows, words_per_row = words.shape
+    inside = (slots >= 0) & (slots < num_rows)
+    rows = torch.where(inside, slots, 0)
+    columns = landing_columns_torch(slots=rows, words_per_row=words_per_row, num_rows=num_rows)
+    return rows, columns, inside
+
+
+def _poison_landing_windows(state: CanaryDeviceState, slots: torch.Tensor, *, step: int) -> None:
+    """Write forward ``step``'s landing poison into every source's window of ``slots``."""
+    for source, words in enumerate(state.real_data.sources):
+        rows, columns, inside = _landing_windows(words, slots)
+        rows, columns = rows[inside], columns[inside]
+        poison = landing_poison_torch(slots=rows, step=step, source=source, columns=columns)
+        words[rows[:, None], columns] = poison
+
+
+def _landing_poisoned(state: CanaryDeviceState, slots: torch.Tensor, *, step: int) -> torch.Tensor:
+    """bool: ``slots`` where some source's window still holds forward ``step``'s poison."""
+    poisoned = torch.zeros_like(slots, dtype=torch.bool)
+    for source, words in enumerate(state.real_data.sources):
+        rows, columns, inside = _landing_windows(words, slots)
+        poison = landing_poison_torch(slots=rows, step=step, source=source, columns=columns)
+        poisoned |= inside & (words[rows[:, None], columns] == poison).all(dim=1)
+    return poisoned
 
 
 def _post_owner_rows(*, state: CanaryDeviceState, row: LiveRow, step: int) -> list[list[int]]:
@@ -341,6 +412,8 @@ def _write_row(
         dim=1,
     )
     state.records[slots[storable]] = new_records[storable]
+    if state.real_data is not None:
+        _poison_landing_windows(state, slots[storable], step=step)
 
     if row.count >= 1:
         violations += _pre_owner(state=state, row=row, seed=seed, total=int(terms.sum()),

@@ -62,11 +62,18 @@ POSITION_SHIFT = 32  # FIELD_TOKEN_POSITION keeps the position in the high 32 bi
 
 PADDING_SLOT = 0  # the allocator's padding slot: never verified, never written
 PADDING_REQ_POOL_INDEX = 0  # a padded batch row (CUDA-graph padding): never verified or written
+# A batch row is *live* when it carries a request row (``req_pool_idx != 0``), lies inside the
+# batch's live rows (``b < live_rows``: the rows the scheduler sent; a replayed CUDA graph pads
+# past them) and does not repeat the ``req_pool_idx`` of an earlier live row. Only live rows are
+# verified or change any canary state; any other row with ``req_pool_idx != 0`` is reported once
+# per forward (``PADDED_ROW``) and changes nothing.
 
 CHAIN_ANCHOR = 0x0C0FFEE5EED5A17  # < 2**61
 CHAIN_TERM_BITS = 40
 CHAIN_SALT = 0x5EED_C4A1_0000_0001
 FINGERPRINT_SALT = 0x7EA1_0D47_A000_0003
+LANDING_SALT = 0x3A9D_51C7_0000_0005  # < 2**63: the landing poison (see hashing.py)
+LANDING_STEP_SHIFT = 40  # the step enters the landing poison above the slot's bits
 NO_EXPECTED_TOKEN = -1  # no expectation (token or position): not checked
 MAX_REAL_DATA_SOURCES = 4
 
@@ -114,6 +121,8 @@ class Reason(enum.IntFlag):
     VERIFY_UNWRITTEN = 512
     WRITE_UNMAPPED = 1024
     VERIFY_SEQ_LENS = 2048
+    PADDED_ROW = 4096
+    VERIFY_NOT_LANDED = 8192
 
 
 REASON_LABELS: dict[Reason, str] = {
@@ -129,6 +138,8 @@ REASON_LABELS: dict[Reason, str] = {
     Reason.VERIFY_UNWRITTEN: "verify_unwritten",
     Reason.WRITE_UNMAPPED: "write_unmapped",
     Reason.VERIFY_SEQ_LENS: "verify_seq_lens",
+    Reason.PADDED_ROW: "padded_row",
+    Reason.VERIFY_NOT_LANDED: "verify_not_landed",
 }
 
 # ----------------------------------------------------------------------------- violation ring

@@ -23,6 +23,13 @@ also have numpy forms for the host (a request's owner chain at admission):
   SGLang's four rows), so one source can be checked without reading the others (see
   :func:`due_source_scalar`); a changed word goes unseen with probability ``2**-W``. A slot
   outside a source's rows folds zero words (and rotates as slot 0).
+- the **landing window** and **landing poison** of a slot (real data on: the pre launch writes
+  the poison into the window of every slot the forward is to write, the post launch requires
+  the model to have replaced it): per source, the columns ``c0, c0 + 1`` of the ``partial``
+  fingerprint (column 0 alone for a one-word row), and there word ``c`` holds
+  ``mix64((slot ^ ((S + 1) << LANDING_STEP_SHIFT)) ^ LANDING_SALT) ^ fingerprint_key(s, c)`` in
+  the forward with step ``S``: 128 bits per source that no K/V the model writes matches but with
+  probability ``2**-128``, different per slot, source, column and forward.
 - the checksum of a counter publication (:mod:`.publish_counters`): ``CHECKSUM_BASE +
   sum(counters[i] * CHECKSUM_KEYS[i])`` over the words before ``COUNTER_CHECKSUM``, with
   ``CHECKSUM_KEYS[i] = ((i + 1) * CHECKSUM_MULTIPLIER) | 1``, in wrapping int64; a scalar form
@@ -54,6 +61,8 @@ from sglang.jit_kernel.kv_canary.consts import (
     CHECKSUM_MULTIPLIER,
     COUNTER_CHECKSUM,
     FINGERPRINT_SALT,
+    LANDING_SALT,
+    LANDING_STEP_SHIFT,
     TOKEN_MASK,
 )
 
@@ -194,6 +203,21 @@ def fingerprint_columns(*, slot: int, words_per_row: int, num_rows: int, partial
     rotation_slot = slot if 0 <= slot < num_rows else 0
     first = 2 * (rotation_slot % (words_per_row // 2))
     return range(first, first + 2)
+
+
+def landing_columns(*, slot: int, words_per_row: int, num_rows: int) -> range:
+    """Columns of a source that hold a slot's landing poison (see the module docstring)."""
+    if words_per_row < 2:
+        return range(words_per_row)
+    return fingerprint_columns(slot=slot, words_per_row=words_per_row, num_rows=num_rows,
+                               partial=True)
+
+
+def landing_poison_scalar(*, slot: int, step: int, source: int, column: int) -> int:
+    """The landing poison of word ``column`` of source ``source`` of ``slot`` in the forward with
+    step ``step``: an unsigned int."""
+    base = mix64_scalar((slot ^ ((step + 1) << LANDING_STEP_SHIFT)) ^ LANDING_SALT)
+    return base ^ fingerprint_key_scalar(source=source, column=column)
 
 
 def fingerprint_lane_bits(num_sources: int) -> int:
@@ -368,6 +392,26 @@ def slot_fingerprints_torch(
         else:
             result ^= folded
     return result
+
+
+def landing_columns_torch(*, slots: torch.Tensor, words_per_row: int,
+                          num_rows: int) -> torch.Tensor:
+    """int64 ``[n, 2]``: the landing columns of ``slots`` (:func:`landing_columns`; a one-word
+    row repeats column 0)."""
+    if words_per_row < 2:
+        return torch.zeros((slots.shape[0], 2), dtype=torch.int64, device=slots.device)
+    rows = torch.where((slots >= 0) & (slots < num_rows), slots, 0)
+    first = 2 * (rows % (words_per_row // 2))
+    return torch.stack([first, first + 1], dim=-1)
+
+
+def landing_poison_torch(*, slots: torch.Tensor, step: int, source: int,
+                         columns: torch.Tensor) -> torch.Tensor:
+    """int64 ``columns``-shaped: :func:`landing_poison_scalar` of ``slots [n]`` (broadcast over
+    ``columns [n, k]``)."""
+    step_bits = to_signed_i64(((step + 1) << LANDING_STEP_SHIFT) & U64_MASK)
+    mixed = mix64_torch((slots ^ step_bits) ^ LANDING_SALT)
+    return mixed[:, None] ^ fingerprint_keys_torch(source=source, columns=columns)
 
 
 def lane_masks_torch(*, sources: torch.Tensor, num_sources: int) -> torch.Tensor:

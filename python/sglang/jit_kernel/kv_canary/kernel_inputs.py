@@ -207,8 +207,11 @@ class CanaryBatchView:
     contiguous, unless a field says otherwise. ``bs = req_pool_indices.shape[0]``;
     ``num_tokens = input_ids.shape[0]`` (``== bs`` for ``DECODE``).
 
-    A row with ``req_pool_indices[b] == 0`` is padding and is skipped entirely. ``extend_*``
-    are given for ``EXTEND`` and only then.
+    Only *live* rows are checked or change canary state (:data:`.consts.PADDING_REQ_POOL_INDEX`
+    says which rows are): a row with ``req_pool_indices[b] == 0`` is padding and is skipped
+    entirely; a row past ``live_rows`` or repeating an earlier live row's ``req_pool_idx`` is
+    reported once by the pre launch (``PADDED_ROW``) and otherwise skipped. ``extend_*`` are given
+    for ``EXTEND`` and only then.
 
     Optional checks (None = off):
 
@@ -223,6 +226,9 @@ class CanaryBatchView:
       write-input assert's fallback where ``expected_input_ids`` has no expectation.
     - ``host_seq_lens``: int64 ``[bs]``, on the device: the scheduler's host mirror of
       ``seq_lens`` (copied in before the forward); every live row must agree with ``seq_lens``.
+    - ``live_rows``: int64 ``[1]``, on the device: how many of the ``bs`` rows the scheduler sent
+      (copied in before the forward; a replayed CUDA graph's view has ``bs`` rows, the padded
+      ones past ``live_rows``). None: every row is inside the batch.
     """
 
     layout: BatchLayout
@@ -240,6 +246,7 @@ class CanaryBatchView:
     token_history_lens: torch.Tensor | None = None  # int64 [R_h]
     verify_token: bool = True
     host_seq_lens: torch.Tensor | None = None  # int64 [bs]
+    live_rows: torch.Tensor | None = None  # int64 [1]
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, BatchLayout):
@@ -282,6 +289,8 @@ class CanaryBatchView:
             )
         if self.host_seq_lens is not None:
             _vector(self, "host_seq_lens", (torch.int64,), length=bs)
+        if self.live_rows is not None:
+            _vector(self, "live_rows", (torch.int64,), length=1)
         _same_device(self, self.req_pool_indices.device)
 
     @property

@@ -36,6 +36,8 @@ from sglang.jit_kernel.kv_canary.consts import (
     FIELD_STAMP,
     FIELD_TOKEN_POSITION,
     FINGERPRINT_SALT,
+    LANDING_SALT,
+    LANDING_STEP_SHIFT,
     NO_EXPECTED_TOKEN,
     POSITION_SHIFT,
     RECORD_FIELDS,
@@ -65,6 +67,8 @@ _M2 = tl.constexpr(MIX64_MULTIPLIER_2)
 _CHAIN_SALT = tl.constexpr(CHAIN_SALT)
 _CHAIN_TERM_SHIFT = tl.constexpr(64 - CHAIN_TERM_BITS)
 _FINGERPRINT_SALT = tl.constexpr(FINGERPRINT_SALT)
+_LANDING_SALT = tl.constexpr(LANDING_SALT)
+_LANDING_STEP_SHIFT = tl.constexpr(LANDING_STEP_SHIFT)
 _TOKEN_MASK = tl.constexpr(TOKEN_MASK)
 _POSITION_SHIFT = tl.constexpr(POSITION_SHIFT)
 _RECORD_FIELDS = tl.constexpr(RECORD_FIELDS)
@@ -278,6 +282,52 @@ def slot_fingerprint(
     return acc
 
 
+# ============================================================================= landing poison
+
+
+@triton.jit
+def _landing_window(words_ptr, num_rows, row_stride, slot, mask, step, SOURCE: tl.constexpr,
+                    WORDS: tl.constexpr):
+    """(addresses, lanes on, poison) of the landing window of int64 ``slot [N]`` in one source
+    (:func:`.hashing.landing_columns`, :func:`.hashing.landing_poison_scalar`): ``[N, 2]`` each,
+    the second column off for a one-word row and every column off outside ``mask`` or the
+    source's rows."""
+    inside = mask & (slot >= 0) & (slot < num_rows)
+    row = tl.where(inside, slot, 0)
+    if WORDS >= 2:
+        first = 2 * (row % (WORDS // 2))
+    else:
+        first = row * 0
+    columns = first[:, None] + tl.arange(0, 2)[None, :]
+    on = inside[:, None] & (columns < WORDS)
+    step_bits = (step + 1) << _LANDING_STEP_SHIFT
+    base = mix64((row ^ step_bits) ^ _LANDING_SALT)
+    poison = base[:, None] ^ fingerprint_key(SOURCE, columns)
+    return words_ptr + row[:, None] * row_stride + columns, on, poison
+
+
+@triton.jit
+def poison_landing_window(words_ptr, num_rows, row_stride, slot, mask, step,
+                          SOURCE: tl.constexpr, WORDS: tl.constexpr):
+    """Write the landing poison into the window of ``slot`` (lanes ``mask``) of one source."""
+    address, on, poison = _landing_window(words_ptr, num_rows, row_stride, slot, mask, step,
+                                          SOURCE, WORDS)
+    tl.store(address, poison, mask=on)
+
+
+@triton.jit
+def landing_window_poisoned(words_ptr, num_rows, row_stride, slot, mask, step,
+                            SOURCE: tl.constexpr, WORDS: tl.constexpr):
+    """bool ``[N]``: lanes ``mask`` whose window in one source still holds the landing poison
+    of forward ``step`` (every word of it; False outside the source's rows)."""
+    address, on, poison = _landing_window(words_ptr, num_rows, row_stride, slot, mask, step,
+                                          SOURCE, WORDS)
+    words = tl.load(address, mask=on, other=0)
+    kept = tl.where(on, (words == poison).to(tl.int32), 0)
+    inside = mask & (slot >= 0) & (slot < num_rows)
+    return inside & (row_sums(kept) == row_sums(on.to(tl.int32)))
+
+
 # ============================================================================= reductions
 
 
@@ -293,6 +343,12 @@ def _xor(a, b):
 def sum_1d(x):
     """Sum of a 1-D tensor (a scalar)."""
     return tl.reduce(x, 0, _ADD)
+
+
+@triton.jit
+def row_sums(x):
+    """Sum of each row of a 2-D tensor (1-D, one per row)."""
+    return tl.reduce(x, 1, _ADD)
 
 
 @triton.jit

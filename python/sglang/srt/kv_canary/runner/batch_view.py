@@ -34,6 +34,7 @@ def build_batch_view(
     kind: ForwardKind,
     checks: dict[str, Any],
     host_seq_lens: torch.Tensor | None,
+    live_rows: torch.Tensor | None = None,
     blocks: BlockViews | None = None,
 ) -> CanaryBatchView:
     """The canary's view of one non-IDLE forward of ``kind``.
@@ -41,11 +42,13 @@ def build_batch_view(
     ``checks`` are the token-check fields (token history, write-input expectations).
     ``host_seq_lens`` is the persistent device buffer the scheduler's ``seq_lens_cpu`` is
     uploaded into before every forward (its first rows are the view's; None: no seq_lens
-    invariant). A persistent buffer, so a captured graph's view reads each replay's values.
-    ``blocks`` supplies the speculative kinds' lengths and starts (required for them).
+    invariant). ``live_rows`` is the persistent device word the batch's row count is uploaded
+    into with it (None: every row of the view is the scheduler's). Persistent buffers, so a
+    captured graph's view reads each replay's values. ``blocks`` supplies the speculative kinds' lengths and starts (required for them).
 
     Rows with ``req_pool_indices == 0`` (CUDA-graph or DP-attention padding) are skipped by the
-    kernels. For EXTEND batches the row count is taken from ``extend_prefix_lens``: DP
+    kernels; so are rows past ``live_rows`` (a replayed graph's padded rows, whatever request row
+    they carry), which the pre launch reports when they carry one. For EXTEND batches the row count is taken from ``extend_prefix_lens``: DP
     attention pads ``req_pool_indices``/``seq_lens``/``extend_seq_lens`` but not the prefix
     lengths or start offsets, and the padded rows carry no tokens.
 
@@ -56,6 +59,7 @@ def build_batch_view(
         input_ids=forward_batch.input_ids,
         positions=forward_batch.positions,
         out_cache_loc=forward_batch.out_cache_loc,
+        live_rows=live_rows,
         **checks,
     )
     if kind is ForwardKind.DECODE:

@@ -644,7 +644,7 @@ class CanaryRunner:
         )
         view = build_batch_view(
             forward_batch, kind=kind, checks=checks,
-            host_seq_lens=self.uploader.seq_lens_mirror,
+            host_seq_lens=self.uploader.seq_lens_mirror, live_rows=self.uploader.live_rows,
             blocks=None if self.speculative is None else self.speculative.blocks,
         )
         self._kernels.pre_forward(state=self._state_for(kind), batch=view)

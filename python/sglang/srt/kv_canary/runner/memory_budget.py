@@ -44,7 +44,8 @@ class FixedBuffers:
     ring: int
     counters: int
     owner_chains: int  # int64 per req_to_token row (two per row with EAGLE)
-    seq_lens_mirror: int  # int64 per batch row: the scheduler's seq_lens, uploaded per forward
+    seq_lens_mirror: int  # int64 per batch row (the scheduler's seq_lens) and the live row
+    # count, uploaded per forward
     upload_staging: int
     token_history: int  # int32 [rows, columns] + int64 [rows]; 0 with both token checks off
     write_expectations: int  # int64 token + position per token; 0 without the write-input assert
@@ -95,8 +96,9 @@ def fixed_buffers(
         counters=NUM_COUNTERS * _INT64_BYTES,
         # (EAGLE: the draft canary's draft decode steps keep scratch owner chains too)
         owner_chains=request_rows * _INT64_BYTES * (2 if speculative else 1),
-        seq_lens_mirror=seq_lens_mirror_rows_for(request_rows=request_rows,
-                                                 graph_max_bs=graph_max_bs) * _INT64_BYTES,
+        # (its head: the live row count)
+        seq_lens_mirror=(1 + seq_lens_mirror_rows_for(request_rows=request_rows,
+                                                      graph_max_bs=graph_max_bs)) * _INT64_BYTES,
         upload_staging=UPLOAD_STAGING_WORDS * _INT64_BYTES,
         token_history=history,
         write_expectations=2 * write_expectation_tokens * _INT64_BYTES,

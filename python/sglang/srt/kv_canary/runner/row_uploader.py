@@ -2,15 +2,17 @@
 
 :class:`RowUploader` owns the persistent device *upload area* and the pinned host ring
 (:class:`~.upload_buffers.UploadBufferRing`) the uploads go through. The area is read by
-captured graphs at fixed addresses: its head is the **seq_lens mirror** (one int64 per batch
-row: the scheduler's ``seq_lens_cpu``, which the pre launch compares with the device
-``seq_lens`` the forward uses), then the staging of the **row updates** (the packed sections of
+captured graphs at fixed addresses: its head is the **live row count** (one int64: how many
+rows the scheduler sent; a replayed graph's padded rows lie past it, and the kernels leave them
+alone), then the **seq_lens mirror** (one int64 per batch row: the scheduler's
+``seq_lens_cpu``, which the pre launch compares with the device ``seq_lens`` the forward uses),
+then the staging of the **row updates** (the packed sections of
 :class:`~.request_rows.RowUpdates`: token-history scatter, owner chains, admission checks).
 
 Per forward, outside graphs, on the forward's stream, never waiting:
 
-* :meth:`RowUploader.upload_seq_lens`: one host copy of ``seq_lens_cpu`` into a ring buffer
-  (numpy, no per-row Python) and one non-blocking copy to the mirror. A decode step uploads
+* :meth:`RowUploader.upload_seq_lens`: one host copy of the row count and ``seq_lens_cpu`` into a
+  ring buffer (numpy, no per-row Python) and one non-blocking copy to the head of the area. A decode step uploads
   nothing else: every row in it is known to the device.
 * :meth:`RowUploader.apply`: one non-blocking copy of the packed updates into the staging, its
   sections applied (a scatter launch, an ``index_copy_``, an admission launch: each only when
@@ -70,10 +72,11 @@ class RowUploader:
         self._ring = ring
         self._device = device
         with torch.inference_mode(False):
-            self._area = torch.zeros((mirror_rows + staging_words,), dtype=torch.int64,
+            self._area = torch.zeros((1 + mirror_rows + staging_words,), dtype=torch.int64,
                                      device=device)
-        self.seq_lens_mirror = self._area[:mirror_rows]
-        self._staging = self._area[mirror_rows:]
+        self.live_rows = self._area[:1]
+        self.seq_lens_mirror = self._area[1 : 1 + mirror_rows]
+        self._staging = self._area[1 + mirror_rows :]
         self._staged: dict[_LayoutKey, tuple[torch.Tensor, UploadSections]] = {}
         # the mirror's first rows per batch size, cut once (a view per size; at most one per
         # row count of the mirror)
@@ -83,7 +86,7 @@ class RowUploader:
     def device_bytes(self) -> dict[str, int]:
         """Bytes of the mirror and of the staging."""
         return {
-            "seq_lens_mirror": self.seq_lens_mirror.numel() * 8,
+            "seq_lens_mirror": (1 + self.seq_lens_mirror.numel()) * 8,
             "upload_staging": self._staging.numel() * 8,
         }
 
@@ -93,8 +96,9 @@ class RowUploader:
         self._ring.open(landed=landed)
 
     def upload_seq_lens(self, seq_lens_cpu: torch.Tensor, *, mark: int) -> None:
-        """Copy the scheduler's ``seq_lens_cpu`` (int64 CPU ``[bs]``) to the mirror's first rows
-        (``mark``: the number of the counter publication that follows this copy on the stream).
+        """Copy the row count ``bs`` and the scheduler's ``seq_lens_cpu`` (int64 CPU ``[bs]``) to
+        :attr:`live_rows` and the mirror's first rows, in one copy (``mark``: the number of the
+        counter publication that follows this copy on the stream).
 
         Raises:
             ValueError: the batch has more rows than the mirror.
@@ -107,11 +111,10 @@ class RowUploader:
                     f"KV canary: a batch of {rows} rows is larger than the seq_lens mirror "
                     f"({self.seq_lens_mirror.shape[0]} rows)"
                 )
-            target = self._mirror_views[rows] = self.seq_lens_mirror[:rows]
-        if rows == 0:
-            return
-        buffer = self._ring.take(rows)
-        buffer.array[:rows] = seq_lens_cpu.numpy()
+            target = self._mirror_views[rows] = self._area[: 1 + rows]
+        buffer = self._ring.take(1 + rows)
+        buffer.array[0] = rows
+        buffer.array[1 : 1 + rows] = seq_lens_cpu.numpy()
         self._ring.copy(buffer, to=target, mark=mark)
 
     def apply(self, updates: RowUpdates, *, mark: int) -> None:

@@ -49,7 +49,8 @@ from sglang.srt.model_executor.forward_batch_info import (
 logger = logging.getLogger(__name__)
 
 VOCAB_SIZE = 1000
-# Attribute of a live DECODE batch: rows a replayed CUDA graph would pad it with.
+# Attribute of a live DECODE batch: ``(rows, stale)``, the rows a replayed CUDA graph would pad it
+# with and whether they carry live request rows (see :func:`pad_like_a_graph_replay`).
 GRAPH_PADDING_ATTR = "simulated_graph_padding"
 _HEAD_NUM = 2
 _HEAD_DIM = 8
@@ -127,26 +128,36 @@ class SimulatedModelRunner:
     def forward(self, forward_batch: ForwardBatch) -> Any:
         """What ``ModelRunner.forward`` does for these batches: call ``model.forward`` (on the
         padded static batch when the live batch asks for graph padding)."""
-        padded_rows = getattr(forward_batch, GRAPH_PADDING_ATTR, 0)
+        padded_rows, stale = getattr(forward_batch, GRAPH_PADDING_ATTR, (0, False))
         if padded_rows:
-            forward_batch = pad_like_a_graph_replay(forward_batch, padded_rows=padded_rows)
+            forward_batch = pad_like_a_graph_replay(forward_batch, padded_rows=padded_rows,
+                                                    stale=stale)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
 
-def pad_like_a_graph_replay(live: ForwardBatch, *, padded_rows: int) -> ForwardBatch:
+def pad_like_a_graph_replay(
+    live: ForwardBatch, *, padded_rows: int, stale: bool = False
+) -> ForwardBatch:
     """The batch a decode graph replayed for ``live`` runs on: the live rows, then
-    ``padded_rows`` rows of request row 0, cache location 0 and sequence length 1; request ids
-    (when present) padded with 0 / -1, as the graph's static id buffers are."""
+    ``padded_rows`` rows of request row 0 (``stale``: the live rows' request rows in turn, as
+    SGLang 0.5.12 leaves an earlier replay's indices there), cache location 0 and sequence
+    length 1; request ids (when present) padded with 0 / -1, as the graph's static id buffers
+    are."""
 
     def pad(tensor: torch.Tensor, value: int) -> torch.Tensor:
         return torch.cat([tensor, tensor.new_full((padded_rows,), value)])
+
+    req_pool_indices = pad(live.req_pool_indices, 0)
+    if stale and live.batch_size:
+        rows = torch.arange(padded_rows) % live.batch_size
+        req_pool_indices[live.batch_size:] = live.req_pool_indices[rows]
 
     seq_lens = pad(live.seq_lens, 1)
     static = ForwardBatch(
         forward_mode=ForwardMode.DECODE,
         batch_size=live.batch_size + padded_rows,
         input_ids=pad(live.input_ids, 0),
-        req_pool_indices=pad(live.req_pool_indices, 0),
+        req_pool_indices=req_pool_indices,
         seq_lens=seq_lens,
         out_cache_loc=pad(live.out_cache_loc, 0),
         seq_lens_sum=int(seq_lens.sum()),
@@ -560,9 +571,13 @@ class SimulatedServer:
             request.kv_len += n
         self._sample(batch, [request for request, _ in rows])
 
-    def decode(self, requests: Sequence[SimulatedRequest], *, padded_rows: int = 0) -> None:
+    def decode(
+        self, requests: Sequence[SimulatedRequest], *, padded_rows: int = 0,
+        stale_padding: bool = False,
+    ) -> None:
         """One DECODE forward; the model runs it padded with ``padded_rows`` rows as a replayed
-        CUDA graph pads it (see :func:`pad_like_a_graph_replay`). Each request's token goes to
+        CUDA graph pads it (see :func:`pad_like_a_graph_replay`; ``stale_padding``: the padded
+        rows carry live request rows). Each request's token goes to
         the position and slot of its :class:`DecodeSlot` (after the bug's plan); its ``kv_len``
         becomes that position + 1."""
         self.batch = list(requests)
@@ -590,7 +605,7 @@ class SimulatedServer:
             rids=[r.rid for r in requests],
         )
         if padded_rows:
-            setattr(batch, GRAPH_PADDING_ATTR, padded_rows)
+            setattr(batch, GRAPH_PADDING_ATTR, (padded_rows, stale_padding))
         self._run(batch, list(requests))
         for row in plan:
             row.request.kv_len = row.position + 1
