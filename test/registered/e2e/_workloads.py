@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
-from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
+from sglang.srt.kv_canary.monitor.stats import IDLE_LINE_RE, STATS_LINE_RE
 from sglang.srt.kv_canary.monitor.violations import ViolationRow, find_violation_rows
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 
@@ -79,6 +79,28 @@ def log_when(server, done: Callable[[str], bool], *, timeout_s: float = 20.0) ->
     return log
 
 
+def polled_log(server, *, timeout_s: float = 20.0, quiet_s: float = 0.5) -> str:
+    """The server log once the canary has reported every forward so far: after the last
+    response, wait for an idle line (logged once the publication of the server's last forward
+    was read, every row before it) and then ``quiet_s`` without a newer one, so the newest idle
+    line is the one after the last forward, not one of a pause inside the workload. After
+    ``timeout_s`` without an idle line, the log as it is (the caller's assertion then fails)."""
+    deadline = time.monotonic() + timeout_s
+    log = server.log_text()
+    while time.monotonic() < deadline:
+        count = len(IDLE_LINE_RE.findall(log))
+        if count:
+            time.sleep(quiet_s)
+            newer = server.log_text()
+            if len(IDLE_LINE_RE.findall(newer)) == count:
+                return newer
+            log = newer
+            continue
+        time.sleep(0.1)
+        log = server.log_text()
+    return log
+
+
 def fault_has_row(fault: re.Match[str], rows: Iterable[ViolationRow], *, max_delay: int = 0,
                   reason: int = ~0) -> bool:
     """Whether a row at the fault's position, carrying a bit of ``reason`` (default: any),
@@ -122,6 +144,11 @@ def assert_every_fault_caught(faults, rows: list[ViolationRow], *, reason: Reaso
 
 
 def assert_clean_canary_log(log: str, *, min_health_checks: int = 2) -> None:
+    """No violation row, a healthy canary that checked slots, and an idle line (read the log
+    with :func:`polled_log`) saying every forward was polled with no violation."""
+    idle = [m for m in map(IDLE_LINE_RE.search, log.splitlines()) if m]
+    assert idle, "no 'KV canary idle' line: the last forwards were not reported yet"
+    assert all(int(m["violations"]) == 0 for m in idle), [m.group(0) for m in idle][-3:]
     rows = find_violation_rows(log)
     assert rows == [], "\n".join(r.to_line() for r in rows[:20])
     assert "KV canary installed: records 32 B/slot" in log

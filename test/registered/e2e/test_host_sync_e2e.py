@@ -21,7 +21,7 @@ import sys
 
 import pytest
 import torch
-from _workloads import assert_clean_canary_log, concurrent_traffic, request, tokens
+from _workloads import assert_clean_canary_log, concurrent_traffic, polled_log, request, tokens
 
 from sglang.test.ci.ci_register import register_cuda_ci
 
@@ -82,7 +82,7 @@ def test_the_canary_never_synchronizes_the_device_while_serving(canary_server) -
     concurrent_traffic(server, rounds=3, per_round=12, new_tokens=40)
     server.generate_many([request(f"long-{i}", tokens(rng, 64), 300) for i in range(4)],
                          concurrency=4)
-    log = server.log_text()
+    log = polled_log(server)
     assert "KV canary sync check: CUDA sync debug mode on" in log, log[-3000:]
     first_sync = log.find("canary code synchronized at")
     assert first_sync < 0, log[first_sync:first_sync + 3000]  # the line and its stack

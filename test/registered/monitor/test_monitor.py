@@ -41,6 +41,7 @@ from sglang.srt.kv_canary.monitor.violation_reporter import (
     RING_OVERFLOW_PREFIX,
     ViolationReporter,
 )
+from sglang.srt.kv_canary.monitor.stats import IDLE_LINE_RE
 from sglang.srt.kv_canary.monitor.violations import CanaryViolationError, find_violation_rows
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
@@ -236,6 +237,47 @@ def test_idle_passes_poll_after_a_forward_then_at_most_once_per_interval(caplog)
     copies.land()
     monitor.poll()  # a forward's own poll is never paced: the new violation is reported
     assert len(reads) == 4 and len(find_violation_rows(caplog.text)) == 2
+
+
+def test_the_idle_line_follows_the_read_of_the_last_forwards_publication(caplog) -> None:
+    """Once per idle period, and only when the publication of the last forward has been read
+    (its violation rows reported before the line): readers of the log wait for it."""
+    caplog.set_level(logging.INFO, logger="sglang.srt.kv_canary")
+    state = _State()
+    now = [100.0]
+    copies = _UnlandedCopies()
+    monitor = CanaryMonitor(state=state, config=CanaryConfig(mode=CanaryMode.LOG), seal=_SEAL,
+                            clock=lambda: now[0],
+                            mailbox=CounterMailbox(counters=state.counters, seal=_SEAL,
+                                                   host=copies))
+
+    def idle_lines() -> list[tuple[int, int]]:
+        return [(int(m["steps"]), int(m["violations"]))
+                for m in map(IDLE_LINE_RE.search, caplog.text.splitlines()) if m]
+
+    def idle_pass() -> None:
+        now[0] += IDLE_POLL_INTERVAL_S
+        monitor.poll_idle()
+
+    idle_pass()
+    assert idle_lines() == []  # no forward yet
+    state.add_violation(position=3, step=0)
+    _forward(monitor, 1)
+    idle_pass()  # the copy is in flight: the report is not complete
+    assert idle_lines() == []
+    copies.land()
+    idle_pass()
+    assert idle_lines() == [(1, 1)]
+    text = caplog.text
+    assert text.index("position=3") < text.index("KV canary idle")  # the row came first
+    idle_pass()
+    idle_pass()
+    assert idle_lines() == [(1, 1)]  # once per idle period
+    _forward(monitor, 2)
+    _forward(monitor, 3)
+    copies.land()
+    idle_pass()
+    assert idle_lines() == [(1, 1), (3, 1)]
 
 
 def test_polls_read_the_whole_publication_only_when_violations_moved_or_every_few_polls(

@@ -28,6 +28,7 @@ from sglang.srt.kv_canary.monitor.violations import find_violation_rows
 from sglang.test.ci.ci_register import register_cuda_ci
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from _workloads import polled_log  # noqa: E402
 from test_detection_e2e import (  # noqa: E402 - the detection workload and clean-log checks
     _CHUNK,
     _GRAPH_ARGS,
@@ -78,10 +79,9 @@ def _request(rid: str, prompt: list[int], max_new_tokens: int, *,
 
 
 def _flush_reports(server) -> str:
-    """One more request (the canary reports a forward's rows one step later), then the log."""
-    server.generate(_request("last", _tokens(random.Random(1), 30), 8))
+    """The log once the canary reported every forward (:func:`_workloads.polled_log`)."""
     assert server.returncode is None
-    log = server.log_text()
+    log = polled_log(server)
     assert RING_OVERFLOW_PREFIX not in log
     return log
 

@@ -10,7 +10,8 @@ read). A violation produced by forward N is therefore reported at the first poll
 publication of forward N arrived: normally the next step. While the scheduler is idle
 (:meth:`CanaryMonitor.poll_idle`, from its idle loop, which in overlap mode passes several times
 per forward) it polls at the first idle pass after a forward, then at most once per
-:data:`IDLE_POLL_INTERVAL_S`.
+:data:`IDLE_POLL_INTERVAL_S`, and logs the idle line (:func:`.stats.idle_line`) once the
+publication of the last forward has been read: the report of every forward so far is complete.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.monitor.health import HealthChecker
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
 from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT, CounterSnapshot
-from sglang.srt.kv_canary.monitor.stats import next_multiple, stats_due, stats_line
+from sglang.srt.kv_canary.monitor.stats import idle_line, next_multiple, stats_due, stats_line
 from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class CanaryMonitor:
         self._clock = clock
         self._forward_since_idle_poll = False
         self._last_idle_poll = float("-inf")
+        self._steps_enqueued = 0  # forward steps with request rows that after_forward saw
+        self._idle_line_step = 0  # the step the last idle line covered
         self._polls_since_read = 0  # polls that read only the violation counter (see poll)
         self._periodic_next = False  # the next step runs the health check or prints stats
         # the first step at which the health check or the stats line may be due (0: work it out
@@ -72,7 +75,8 @@ class CanaryMonitor:
 
     def poll_idle(self) -> None:
         """:meth:`poll` from the scheduler's idle loop: at its first pass after a forward, then
-        at most once per :data:`IDLE_POLL_INTERVAL_S` (never waits).
+        at most once per :data:`IDLE_POLL_INTERVAL_S` (never waits). The first idle poll that has
+        read the publication of the last forward with request rows logs the idle line.
 
         Raises:
             CanaryViolationError: raise mode and a new violation row arrived.
@@ -83,6 +87,10 @@ class CanaryMonitor:
         self._forward_since_idle_poll = False
         self._last_idle_poll = now
         self.poll(whole=True)
+        steps = self._steps_enqueued
+        if steps > self._idle_line_step and self._latest.steps == steps:
+            self._idle_line_step = steps
+            logger.info(idle_line(self._latest) + self._suffix)
 
     def poll(self, *, whole: bool = False) -> None:
         """Report new violation rows, never waiting: when the host copy's violation counter moved
@@ -142,6 +150,7 @@ class CanaryMonitor:
             sweep_launches=sweep_launches,
         )
         self._forward_since_idle_poll = True
+        self._steps_enqueued = steps
         if steps == self._last_periodic_step:
             return  # a forward without request rows: nothing new to check or print
         self._last_periodic_step = steps
@@ -174,4 +183,6 @@ class CanaryMonitor:
         self._periodic_next = False
         self._last_periodic_step = 0
         self._next_periodic_step = 0
+        self._steps_enqueued = 0
+        self._idle_line_step = 0
         self._reporter.restart()

@@ -1,4 +1,5 @@
-"""The periodic stats line, from the counter snapshots the monitor already consumed.
+"""The periodic stats line and the idle line, from the counter snapshots the monitor already
+consumed.
 
 Format (stable, :data:`STATS_LINE_RE` parses it)::
 
@@ -9,6 +10,15 @@ Format (stable, :data:`STATS_LINE_RE` parses it)::
 is verified on every forward of every request that references it), W the records written, M the
 radix sweep launches and X the slots they verified, K the violation rows ever produced
 (including rows a full ring dropped), S the forward steps the snapshot covers.
+
+The idle line (:data:`IDLE_LINE_RE`), once per idle period, when the host has read the counters
+published after every forward it enqueued::
+
+    KV canary idle: every forward through step S polled, K violations
+
+so every violation row of those forwards was reported before it (K counts them all, as above).
+Whoever reads the log after a workload (a test, the burn-in) waits for it to know the report is
+complete.
 """
 
 from __future__ import annotations
@@ -33,6 +43,19 @@ def stats_line(snapshot: CounterSnapshot) -> str:
         f"{snapshot.kernel_runs(CheckKind.SWEEP)} sweeps "
         f"({snapshot.entries(CheckKind.SWEEP)} slots swept), "
         f"{snapshot.violations} violations, {snapshot.steps} steps"
+    )
+
+
+IDLE_LINE_RE = re.compile(
+    r"KV canary idle: every forward through step (?P<steps>\d+) polled, "
+    r"(?P<violations>\d+) violations"
+)
+
+
+def idle_line(snapshot: CounterSnapshot) -> str:
+    return (
+        f"KV canary idle: every forward through step {snapshot.steps} polled, "
+        f"{snapshot.violations} violations"
     )
 
 
