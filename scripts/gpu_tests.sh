@@ -120,6 +120,8 @@ shard 2 oracle-chunked 255
 shard 2 sync-demo 235
     test/registered/e2e/test_host_sync_e2e.py
     test/registered/e2e/test_demo_e2e.py
+shard 2 burnin 300
+    test/registered/e2e/test_burnin_e2e.py
 '
 
 repo=$(pwd)
