@@ -47,6 +47,8 @@ shard 1 detection-req-to-token 205
 shard 1 detection-real-kv 205
     test/registered/e2e/test_detection_e2e.py::test_real_kv_used_fault_is_caught_by_the_real_data_check
     test/registered/e2e/test_detection_e2e.py::test_a_real_data_stride_catches_the_faults_at_positions_due_in_their_forward
+shard 1 detection-landing 130
+    test/registered/e2e/test_detection_e2e.py::test_a_lost_kv_write_is_caught_by_the_landing_check
 shard 1 detection-ownership-faults 200
     test/registered/e2e/test_detection_e2e.py::test_real_kv_used_fault_is_silent_without_real_data
     test/registered/e2e/test_ownership_e2e.py::test_a_foreign_but_consistent_prefix_is_caught_by_ownership_alone
@@ -86,7 +88,9 @@ shard 2 kernels 200
     test/registered/kernels/test_direct_launch.py
     test/registered/kernels/test_hash_oracle_kernel.py
     test/registered/kernels/test_packed_views_never_recompile.py
+    test/registered/kernels/test_padded_rows.py
     test/registered/kernels/test_publish_counters_kernel.py
+    test/registered/kernels/test_write_landed.py
     test/registered/token_history/test_token_history_gpu.py
     test/registered/token_history/test_token_checks_cuda_graph.py
     test/registered/token_oracle/test_oracle_cuda.py

@@ -57,6 +57,7 @@ RING_CAPACITY = 1024
 REQ_TO_TOKEN_BYTES = 4
 RECORD_BYTES = RECORD_FIELDS * 8
 TOKEN_INPUT_BYTES = 3 * 8  # input_ids, positions, out_cache_loc of a new token
+LANDING_BYTES = 16  # the landing poison of a new slot, per source
 HISTORY_BYTES = 4  # the int32 token-history entry verify-token reads per slot
 EXPECTED_INPUT_BYTES = 8  # the int64 expected input id of a new token
 PARTIAL_BYTES = 16  # real data "partial": 16 bytes of one source per verified slot
@@ -220,8 +221,14 @@ def state_of(pool: Pool, checks: Checks) -> CanaryDeviceState:
 
 
 def prepare_post(state: CanaryDeviceState, pool: Pool) -> None:
-    """Make ``state`` what the pool's pre launch leaves for the post launch (owner chains after
-    the forward, the pre launch counted, no violation so far)."""
+    """Make ``state`` what the pool's pre launch and the model leave for the post launch (owner
+    chains after the forward, the pre launch counted, no violation so far, and with real data
+    the new slots' rows written, as the model writes them over the pre launch's poison)."""
+    if state.real_data is not None:
+        new_slots = pool.batch.out_cache_loc
+        for source in state.real_data.sources:
+            source[new_slots] = torch.randint(-(1 << 62), 1 << 62, (new_slots.shape[0],
+                                              source.shape[1]), device=source.device)
     state.owner_chains.copy_(pool.owners_after)
     state.counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = state.counters[COUNTER_STEP] + 1
     state.counters[COUNTER_VIOLATIONS] = 0
@@ -291,15 +298,17 @@ def launch_bytes(scenario: Scenario, checks: Checks, *, launch: str) -> int:
     """Bytes the ``pre``, ``post``, ``sweep`` or ``append`` launch of ``scenario`` must touch at
     the least (the append: the sampled-token append after a decode forward):
     the pre launch verifies every prefix slot and writes every new token's record (reading its
-    inputs and, with the token checks, its expected input id); the post launch verifies every
-    slot of the batch; the sweep every prefix slot (its entry instead of ``req_to_token``)."""
+    inputs and, with the token checks, its expected input id; with real data, the landing
+    poison: 16 bytes per source); the post launch verifies every slot of the batch; the sweep
+    every prefix slot (its entry instead of ``req_to_token``)."""
     rows, new = scenario.rows, scenario.new
     if launch == "append":  # per row: its index, seq_len, token and known length; two writes
         return rows * (4 * 8 + HISTORY_BYTES + 8)
     if launch == "pre":
         expected = EXPECTED_INPUT_BYTES if checks.tokens else 0
+        poison = LANDING_BYTES * NUM_SOURCES if checks.real_data != "none" else 0
         return (scenario.verified_slots * slot_bytes(checks, launch="pre")
-                + rows * new * (TOKEN_INPUT_BYTES + RECORD_BYTES + expected))
+                + rows * new * (TOKEN_INPUT_BYTES + RECORD_BYTES + expected + poison))
     if launch == "sweep":
         entry = 4 * 8  # slot, previous slot, position, token
         return scenario.verified_slots * (entry + slot_bytes(checks, launch="sweep")

@@ -35,7 +35,7 @@ from _workloads import (
     tokens,
 )
 
-from sglang.jit_kernel.kv_canary.consts import Reason
+from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=900, suite="kv-canary-gpu")
@@ -211,6 +211,21 @@ def test_real_kv_used_fault_is_caught_by_the_real_data_check(canary_server) -> N
     faults, rows = _faults_and_rows(log_when(server, every_fault_reported))
     assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_REAL_KV,
                               allowed=int(Reason.VERIFY_REAL_KV))
+
+
+@pytest.mark.gpu
+def test_a_lost_kv_write_is_caught_by_the_landing_check(canary_server) -> None:
+    """The model's K/V write of one new token of an eager forward (a prefill chunk) goes to
+    slot 0: the intended slot keeps the pre launch's poison, and the post launch of that very
+    forward reports it (``verify_not_landed``), nothing else."""
+    env = {**_CANARY, **PERTURB, "SGLANG_KV_CANARY_MODE": "log",
+           "SGLANG_KV_CANARY_PERTURB_LOST_WRITE_PROB": "0.2"}
+    server = canary_server(env=env, args=_GRAPH_ARGS)
+    _perturbation_traffic(server, rounds=6)
+    faults, rows = _faults_and_rows(log_when(server, every_fault_reported))
+    assert_every_fault_caught(faults, rows, reason=Reason.VERIFY_NOT_LANDED,
+                              allowed=int(Reason.VERIFY_NOT_LANDED),
+                              checks=(CheckKind.POST_VERIFY,))
 
 
 @pytest.mark.gpu

@@ -572,9 +572,10 @@ def test_memory_budget_hooks() -> None:
     )
     assert available == 10**9 - expected.total
     # padding records, ring (11 fields per row), counters (13, with the publication count and
-    # its checksum), owner chains (8 rows), seq_lens mirror (8 rows: no graphs), upload staging
+    # its checksum), owner chains (8 rows), the live row count and the seq_lens mirror (8 rows:
+    # no graphs), upload staging
     assert expected.total == (
-        4 * 32 + 100 * 11 * 8 + 13 * 8 + 8 * 8 + 8 * 8 + UPLOAD_STAGING_WORDS * 8
+        4 * 32 + 100 * 11 * 8 + 13 * 8 + 8 * 8 + (1 + 8) * 8 + UPLOAD_STAGING_WORDS * 8
     )
 
 

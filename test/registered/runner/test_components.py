@@ -68,7 +68,9 @@ def test_the_seq_lens_mirror_takes_each_batch_s_rows_and_refuses_a_larger_batch(
     uploader.upload_seq_lens(torch.tensor([], dtype=torch.int64), mark=3)  # nothing to copy
     with pytest.raises(ValueError, match="a batch of 9 rows is larger than the seq_lens mirror"):
         uploader.upload_seq_lens(torch.arange(9), mark=4)
-    assert uploader.device_bytes == {"seq_lens_mirror": 64, "upload_staging": 64 * 8}
+    assert uploader.live_rows.tolist() == [0]  # the empty batch's count
+    # the mirror's 8 rows and the live row count before them
+    assert uploader.device_bytes == {"seq_lens_mirror": (1 + 8) * 8, "upload_staging": 64 * 8}
 
 
 def test_applied_updates_reach_the_history_and_the_owner_chains_and_are_committed() -> None:

@@ -830,9 +830,10 @@ def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
     assert context_columns_bound(server_args, context_len=4096) == 4103
     assert max_tokens_per_forward(server_args, max_running_requests=64) == 16384
 
-    # padding record, counters, owner chains (33 rows), the seq_lens mirror (max(33 request
-    # rows, 256 graph rows)), upload staging
-    base = 1 * RECORD_BYTES + NUM_COUNTERS * 8 + 33 * 8 + 256 * 8 + UPLOAD_STAGING_WORDS * 8
+    # padding record, counters, owner chains (33 rows), the live row count and the seq_lens
+    # mirror (max(33 request rows, 256 graph rows)), upload staging
+    base = (1 * RECORD_BYTES + NUM_COUNTERS * 8 + 33 * 8 + (1 + 256) * 8
+            + UPLOAD_STAGING_WORDS * 8)
     history = 33 * 4103 * 4 + 33 * 8
     write_expectations = 16384 * 2 * 8
     graph_ids = 256 * (2 * 8 + 4)  # int64 rids + rooms, int32 next token per graph row

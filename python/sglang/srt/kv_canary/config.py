@@ -62,6 +62,7 @@ class PerturbConfig:
     real_kv_used_prob: float = 0.0
     real_kv_unused_cache_prob: float = 0.0
     real_kv_post_forward_prob: float = 0.0
+    lost_write_prob: float = 0.0
     input_ids_prob: float = 0.0
     seq_lens_prob: float = 0.0
 
@@ -355,6 +356,9 @@ KNOBS: tuple[Knob, ...] = (
     _probability("PERTURB_REAL_KV_UNUSED_CACHE_PROB",
                  "flip a byte of a cached slot no live request uses", no_effect=_needs_sweep),
     _probability("PERTURB_REAL_KV_POST_FORWARD_PROB", "flip a byte of a slot just written"),
+    _probability("PERTURB_LOST_WRITE_PROB",
+                 "send the model's K/V write of one new token of an eager forward to slot 0 (the "
+                 "canary sees the intended slot)"),
     _probability("PERTURB_INPUT_IDS_PROB",
                  "overwrite one row's input token right before the forward"),
     _probability("PERTURB_SEQ_LENS_PROB",

@@ -1,10 +1,12 @@
 """Seeded, warmed-up choice of the perturbations of each forward step.
 
-Three injection points, all on the host and outside graphs, never synchronizing:
+Four injection points, all on the host and outside graphs, never synchronizing:
 
 * before the forward (:meth:`FaultInjector.before_forward`): ``req_to_token``,
   ``foreign_prefix``, ``real_kv_used``, ``input_ids``, ``seq_lens`` (undone right after the
   forward);
+* inside an eager forward, after the pre launch (:meth:`FaultInjector.inside_forward`):
+  ``lost_write`` (undone before the post launch);
 * after the forward (:meth:`FaultInjector.after_forward`): ``real_kv_post_forward`` (kept);
 * when a radix sweep pass starts (:meth:`FaultInjector.before_sweep_pass`):
   ``real_kv_unused_cache`` (kept).
@@ -23,6 +25,7 @@ from sglang.srt.kv_canary.perturb.foreign_prefix import ForeignPrefixPerturbatio
 from sglang.srt.kv_canary.perturb.input_ids import InputIdsPerturbation
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import live_rows
+from sglang.srt.kv_canary.perturb.lost_write import LostWritePerturbation
 from sglang.srt.kv_canary.perturb.real_kv_post_forward import RealKvPostForwardPerturbation
 from sglang.srt.kv_canary.perturb.real_kv_unused_cache import RealKvUnusedCachePerturbation
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
@@ -47,12 +50,14 @@ class FaultInjector:
         seed: int,
         before_forward: list[tuple[float, Perturbation]],
         after_forward: list[tuple[float, Perturbation]] = (),
+        inside_forward: list[tuple[float, Perturbation]] = (),
         unused_cache: tuple[float, RealKvUnusedCachePerturbation] | None = None,
     ) -> None:
         self._warmup_steps = warmup_steps
         self._rng = random.Random(seed)
         self._before = list(before_forward)
         self._after = list(after_forward)
+        self._inside = list(inside_forward)
         self._unused_cache = unused_cache
 
     def before_forward(self, *, forward_batch: object, step: int) -> list[InjectedFault]:
@@ -66,6 +71,20 @@ class FaultInjector:
             The faults, to be undone in reverse order after the forward.
         """
         return self._inject(self._before, forward_batch=forward_batch, step=step)
+
+    def inside_forward(
+        self, *, forward_batch: object, live_batch: object, step: int
+    ) -> list[InjectedFault]:
+        """Inject this step's faults between the pre launch and the model (an eager forward);
+        undone, in reverse order, before the post launch.
+
+        Args:
+            forward_batch: the batch the model runs (padded past the live rows, as a CUDA graph
+                or DP attention pads it).
+            live_batch: the batch ``ModelRunner.forward`` received: its rows are the targets.
+        """
+        return self._inject(self._inside, forward_batch=forward_batch, step=step,
+                            rows_of=live_batch)
 
     def after_forward(self, *, forward_batch: object, step: int) -> list[InjectedFault]:
         """Inject this step's after-forward faults (kept: nothing to undo)."""
@@ -84,14 +103,15 @@ class FaultInjector:
         return fault
 
     def _inject(
-        self, perturbations: list[tuple[float, Perturbation]], *, forward_batch: object, step: int
+        self, perturbations: list[tuple[float, Perturbation]], *, forward_batch: object, step: int,
+        rows_of: object | None = None,
     ) -> list[InjectedFault]:
         if step < self._warmup_steps or not perturbations:
             return []
         firing = [p for prob, p in perturbations if self._rng.random() < prob]
         if not firing:
             return []
-        rows = live_rows(forward_batch)
+        rows = live_rows(forward_batch if rows_of is None else rows_of)
         faults = []
         for perturbation in firing:
             fault = perturbation.inject(forward_batch=forward_batch, rows=rows, rng=self._rng,
@@ -139,14 +159,17 @@ def build_fault_injector(
         after.append((
             config.real_kv_post_forward_prob, RealKvPostForwardPerturbation(kv_bytes=kv_bytes)
         ))
+    inside = (
+        [(config.lost_write_prob, LostWritePerturbation())] if config.lost_write_prob > 0 else []
+    )
     unused_cache = (
         (config.real_kv_unused_cache_prob, RealKvUnusedCachePerturbation(kv_bytes=kv_bytes))
         if config.real_kv_unused_cache_prob > 0
         else None
     )
-    if not before and not after and unused_cache is None:
+    if not before and not after and not inside and unused_cache is None:
         return None
     return FaultInjector(
         warmup_steps=config.warmup_steps, seed=config.seed, before_forward=before,
-        after_forward=after, unused_cache=unused_cache,
+        after_forward=after, inside_forward=inside, unused_cache=unused_cache,
     )

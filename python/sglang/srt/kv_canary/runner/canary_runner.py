@@ -82,6 +82,7 @@ from sglang.srt.kv_canary.batch.forward_kind import (
 from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig, get_active_config
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError, refuse_unless_supported
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
+from sglang.srt.kv_canary.perturb.fault import InjectedFault
 from sglang.srt.kv_canary.perturb.injector import FaultInjector
 from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState, SampledRows
 from sglang.srt.kv_canary.pools.seam import CanaryPool
@@ -161,6 +162,8 @@ class CanaryRunner:
         self.uploader: RowUploader | None = None
         self.speculative: SpeculativeCanary | None = None
         self._injector: FaultInjector | None = None
+        self._inside_faults: list[InjectedFault] = []  # undone before the post launch
+        self._live_batch: ForwardBatch | None = None  # the batch of the eager forward running
         self.sweep: RadixSweep | None = None
         self._last_upload: RowUpdates | None = None
         self._steps = 0
@@ -456,9 +459,11 @@ class CanaryRunner:
         )
         launches_before = accounting.launches
         publications_before = accounting.publications
+        self._live_batch = forward_batch if live else None
         try:
             result = forward()
         finally:
+            self._live_batch = None
             for fault in reversed(faults):
                 fault.undo()
         if live and kind is ForwardKind.DRAFT_EXTEND:  # an eager EAGLE draft extend
@@ -631,7 +636,8 @@ class CanaryRunner:
 
     def launch_before_model(self, forward_batch: ForwardBatch) -> CanaryBatchView | None:
         """Build the batch view and launch the pre-forward kernel; None for IDLE (nothing to
-        check). Inside captured graphs: views and fixed shapes only, no host sync.
+        check). Inside captured graphs: views and fixed shapes only, no host sync. An eager
+        forward then gets its inside-forward faults (undone before the post launch).
 
         Raises:
             UnsupportedForwardModeError: a mode the canary does not check.
@@ -649,6 +655,11 @@ class CanaryRunner:
         )
         self._kernels.pre_forward(state=self._state_for(kind), batch=view)
         self.accounting.count_launch()
+        live_batch = self._live_batch
+        if self._injector is not None and live_batch is not None and not capturing(self._device):
+            self._inside_faults = self._injector.inside_forward(
+                forward_batch=forward_batch, live_batch=live_batch, step=self._steps
+            )
         return view
 
     def launch_after_model(self, view: CanaryBatchView, *, forward_batch: ForwardBatch) -> None:
@@ -658,6 +669,9 @@ class CanaryRunner:
         model), then launch the post-forward kernel on the view the pre launch used (with those
         expectations: the post launch checks an EXTEND layout's written inputs)."""
         if not capturing(self._device):
+            for fault in reversed(self._inside_faults):
+                fault.undo()
+            self._inside_faults = []
             inputs = batch_inputs_of(forward_batch)
             updates = None if inputs is None else inputs.row_updates
             admitted = None

@@ -181,6 +181,17 @@ def default_scenarios() -> list[Scenario]:
             expect_silent_faults=True,
         ),
         Scenario(
+            name="lost_write fault, real_data=partial",
+            config=_perturbed(partial, lost_write_prob=1.0),
+            must_detect=int(Reason.VERIFY_NOT_LANDED),
+            allowed_reasons=int(Reason.VERIFY_NOT_LANDED),
+        ),
+        Scenario(
+            name="lost_write fault, real_data=none",
+            config=_perturbed(_base_config(real_data=RealDataMode.NONE), lost_write_prob=1.0),
+            expect_silent_faults=True,
+        ),
+        Scenario(
             name="req_to_token fault, mode=raise",
             config=_perturbed(
                 _base_config(real_data=RealDataMode.PARTIAL, mode=CanaryMode.RAISE),
