@@ -216,5 +216,33 @@ def test_long_lists_are_cut_with_a_count() -> None:
     assert "  failure 9\n  ... and 10 more" in text and "failure 10\n" not in text
 
 
+
+def test_the_follower_waits_for_the_idle_line_then_for_quiet(tmp_path) -> None:
+    """After the last answer the burn-in waits for the canary's idle line (every forward
+    reported) and a quiet spell; without one it gives up at the timeout."""
+    log = tmp_path / "server.log"
+    log.write_text("startup\n")
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if 0.2 <= now[0] < 0.25:  # the rows of the last forward, then the idle line
+            with log.open("a") as out:
+                out.write("kv_canary violation: check=post_verify reasons=verify_not_landed "
+                          "req_pool_idx=1 slot=5 position=3 stored_token=1 expected_token=-1 "
+                          "stored_chain=0x0000000000000001 expected_chain=0x0000000000000001 "
+                          "step=9\n")
+                out.write("KV canary idle: every forward through step 9 polled, 1 violations\n")
+
+    follower = LogFollower(path=log, start_offset=0)
+    assert follower.wait_until_polled(timeout_s=5.0, quiet_s=0.5, clock=lambda: now[0],
+                                      sleep=sleep)
+    assert 0.7 <= now[0] < 1.0 and follower.violations_so_far() == 1
+    silent = LogFollower(path=log, start_offset=log.stat().st_size)
+    now[0] = 0.0
+    assert not silent.wait_until_polled(timeout_s=2.0, clock=lambda: now[0],
+                                        sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert now[0] >= 2.0
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -765,6 +765,13 @@ def test_host_extend_expectations_match_the_oracle_and_the_prompts() -> None:
     cut = extend_expectations_on_host(reqs=reqs[:1], prefix_lens=[0], extend_lens=[3],
                                       num_tokens=1, oracle=oracle, pin_memory=False)
     assert cut.tolist() == [[11], [0]]
+    # a row SGLang gives a negative length (a mixed chunk cut below zero) shifts the rows after
+    # it, as their start offsets do: only the token indices inside the forward are written
+    shifted = extend_expectations_on_host(
+        reqs=reqs, prefix_lens=[1, 0, 2], extend_lens=[2, -3, 2], num_tokens=2, oracle=oracle,
+        pin_memory=False)
+    # row a at [0, 2); row b at 2 writes nothing; row c starts at 2 - 3 = -1: its token 1 at 0
+    assert shifted.tolist() == [[predicted(rid_c, 3), 13], [3, 2]]
     # the numpy oracle is the scalar reference, over the whole int64 id range
     positions_np = np.array([0, 1, 2**31, 2**40 + 3], dtype=np.int64)
     for gid in (0, 5, -1, -(2**63), 2**63 - 1, rid_c):

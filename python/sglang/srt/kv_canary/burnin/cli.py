@@ -89,7 +89,8 @@ class BurninConfig:
         request_timeout_s: bound of each HTTP call.
         progress_interval_s: seconds between progress lines (0: none).
         health_interval_s: seconds between ``/health_generate`` probes (0: none).
-        settle_s: seconds to wait after the last answer for the server's last log lines.
+        settle_s: the longest wait after the last answer for the canary's idle line (every
+            forward reported), or the wait itself without a log.
     """
 
     url: str | None = None
@@ -107,7 +108,7 @@ class BurninConfig:
     request_timeout_s: float = 300.0
     progress_interval_s: float = 10.0
     health_interval_s: float = 15.0
-    settle_s: float = 2.0
+    settle_s: float = 10.0
 
     def __post_init__(self) -> None:
         if (self.url is None) == (self.start is None):
@@ -243,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between progress lines on stderr (10; 0: none)")
     run.add_argument("--health-interval-s", metavar="S", default="15",
                      help="seconds between /health_generate probes (15; 0: none)")
-    run.add_argument("--settle-s", metavar="S", default="2",
-                     help="wait after the last answer for the last log lines (2)")
+    run.add_argument("--settle-s", metavar="S", default="10",
+                     help="longest wait after the last answer for the canary's idle line, "
+                          "which follows the report of every forward (10)")
     return parser
 
 

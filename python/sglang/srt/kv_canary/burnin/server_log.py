@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import pathlib
 import re
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
+from sglang.srt.kv_canary.monitor.stats import IDLE_LINE_RE, STATS_LINE_RE
 from sglang.srt.kv_canary.tools.canary_log import CanaryLogSummary, parse_canary_log
 
 # SGLang 0.5.12's scheduler, when decoding outgrows the KV pool.
@@ -70,6 +71,26 @@ class LogFollower:
         end = data.rfind(b"\n") + 1
         self._partial = data[end:]
         return _decode(data[:end])
+
+    def wait_until_polled(self, *, timeout_s: float, quiet_s: float = 0.5,
+                          clock=time.monotonic, sleep=time.sleep) -> bool:
+        """Wait, at most ``timeout_s``, for the canary's idle line (logged once the counters of
+        the server's last forward were read: every row before it) and then ``quiet_s`` without
+        a newer one; True when it came. The lines read are counted as :meth:`poll` reads them
+        (call it after the workload's last answer)."""
+        deadline = clock() + timeout_s
+        seen_idle = False
+        while True:
+            text = self.poll()
+            self._seen.update(violation_messages(parse_canary_log(text)))
+            if IDLE_LINE_RE.search(text):
+                seen_idle = True
+                quiet_until = clock() + quiet_s
+            elif seen_idle and clock() >= quiet_until:
+                return True
+            if clock() >= deadline:
+                return seen_idle
+            sleep(0.05)
 
     def violations_so_far(self) -> int:
         """Distinct violation rows in the window up to now (polls the log)."""

@@ -129,7 +129,12 @@ def run_burnin(config: BurninConfig, *, out: TextIO | None = None, err: TextIO |
             server_gone=target.exit_status,
             violations_so_far=follower.violations_so_far if follower is not None else None)
         run = driver.run()
-        time.sleep(config.settle_s)
+        if follower is not None:
+            if not follower.wait_until_polled(timeout_s=config.settle_s):
+                notes += ("no 'KV canary idle' line within --settle-s after the last answer: "
+                          "the last forwards' rows may be missing",)
+        else:
+            time.sleep(config.settle_s)
         server_failure = target.exit_status()
         if server_failure in run.failures:
             server_failure = None  # the driver saw it go: reported once, as its failure

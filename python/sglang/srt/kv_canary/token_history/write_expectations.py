@@ -80,19 +80,24 @@ def extend_expectations_on_host(
     start = 0
     sources = prompt_sources or [req.origin_input_ids for req in reqs]
     for req, source, prefix_len, count in zip(reqs, sources, prefix_lens, extend_lens):
-        end = min(start + count, num_tokens)
-        if end > start:
-            written = np.arange(prefix_len, prefix_len + end - start, dtype=np.int64)
-            positions[start:end] = written
-            from_prompt = min(max(len(req.origin_input_ids) - prefix_len, 0), end - start)
-            if from_prompt:
-                tokens[start : start + from_prompt] = source[prefix_len : prefix_len + from_prompt]
-            if start + from_prompt < end:
-                tokens[start + from_prompt : end] = oracle.host_tokens(
+        # the row's tokens k in [0, max(count, 0)) sit at start + k; as in the kernel, only
+        # indices inside [0, num_tokens) count (a row of SGLang's with a negative length shifts
+        # the rows after it, since its start offsets are the running sum of the lengths)
+        first_k = max(0, -start)
+        end_k = min(max(count, 0), num_tokens - start)
+        if end_k > first_k:
+            lo, hi = start + first_k, start + end_k
+            written = np.arange(prefix_len + first_k, prefix_len + end_k, dtype=np.int64)
+            positions[lo:hi] = written
+            prompt_k = min(max(len(req.origin_input_ids) - prefix_len, first_k), end_k)
+            if prompt_k > first_k:
+                tokens[lo : start + prompt_k] = source[prefix_len + first_k : prefix_len + prompt_k]
+            if prompt_k < end_k:
+                tokens[start + prompt_k : hi] = oracle.host_tokens(
                     generalized_req_id=generalized_req_id(
                         rid=req.rid, bootstrap_room=req.bootstrap_room
                     ),
-                    positions=written[from_prompt:],
+                    positions=written[prompt_k - first_k :],
                 )
         start += count
     return host
