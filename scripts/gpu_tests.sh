@@ -109,7 +109,7 @@ shard 2 eagle-draft 275
     test/registered/e2e/test_eagle_e2e.py::test_multi_token_acceptance_keeps_the_owner_chains
     test/registered/e2e/test_eagle_e2e.py::test_the_draft_token_sglang_writes_at_a_chunk_boundary_is_reported
     test/registered/e2e/test_eagle_e2e.py::test_the_draft_extend_runner_s_stale_padded_rows_are_reported_when_reinjected
-shard 2 token-checks-clean 230
+shard 2 token-checks-clean 310
     test/registered/token_history/test_token_checks_e2e.py::test_clean_workload_with_both_token_checks_has_no_violation
 shard 2 token-checks-faults 260
     test/registered/token_history/test_token_checks_e2e.py::test_next_token_swap_is_reported_by_write_token_only
