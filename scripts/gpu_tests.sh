@@ -67,6 +67,8 @@ shard 1 refusals 215
     test/registered/e2e/test_reliability_e2e.py::test_an_invalid_client_bootstrap_room_does_not_take_the_server_down
     test/registered/e2e/test_detection_e2e.py::test_piecewise_cuda_graph_is_refused_at_start_up
     test/registered/e2e/test_startup_e2e.py::test_bad_mode_stops_the_launch_before_loading_a_model
+shard 1 launch-flags 120
+    test/registered/e2e/test_startup_e2e.py::test_launch_flags_alone_turn_the_canary_on
 shard 1 memory 125 serial
     test/registered/e2e/test_startup_e2e.py::test_canary_off_leaves_no_trace_in_the_log
     test/registered/e2e/test_startup_e2e.py::test_log_mode_serves_and_logs_the_startup_line

@@ -12,6 +12,7 @@ from sglang.srt.kv_canary.config import (
     CanaryConfigError,
     CanaryMode,
     RealDataMode,
+    flags_from_argv,
     markdown_table,
     parse_config,
 )
@@ -253,6 +254,57 @@ def test_generated_table_has_one_row_per_knob() -> None:
         assert row.startswith(f"| `{knob.name}` | {knob.allowed} | `{knob.default}` | ")
         assert knob.meaning in row
 
+
+
+# ----------------------------------------------------------------------------- launch flags
+
+
+def test_launch_flags_stand_for_their_variables() -> None:
+    config = parse_config({}, argv=["--model-path", "m", "--kv-canary", "raise",
+                                    "--kv-canary-real-data=partial",
+                                    "--kv-canary-sweep-interval", "8"])
+    assert (config.mode, config.real_data, config.sweep_interval) == (
+        CanaryMode.RAISE, RealDataMode.PARTIAL, 8)
+    assert config.launch_flags
+    assert not parse_config({}, argv=["--model-path", "m"]).launch_flags
+    assert parse_config({}, argv=["--help"]).launch_flags  # --help lists them
+    assert not parse_config({}, argv=["--help"]).anything_enabled
+
+
+def test_a_flag_and_its_variable_must_agree() -> None:
+    same = parse_config({"SGLANG_KV_CANARY_MODE": "log"}, argv=["--kv-canary", "LOG"])
+    assert same.mode is CanaryMode.LOG
+    with pytest.raises(CanaryConfigError) as error:
+        parse_config({"SGLANG_KV_CANARY_MODE": "log"}, argv=["--kv-canary", "raise"])
+    assert "--kv-canary raise" in str(error.value)
+    assert "SGLANG_KV_CANARY_MODE='log'" in str(error.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kv-canary-realdata", "all"], "unknown flag --kv-canary-realdata; did you mean "
+                                      "--kv-canary-real-data?"),
+    (["--kv-canary-r", "all"], "unknown flag --kv-canary-r"),  # abbreviations are refused
+    (["--kv-canary"], "--kv-canary needs a value"),
+    (["--kv-canary", "--port", "1"], "--kv-canary needs a value"),
+    (["--kv-canary", "log", "--kv-canary=raise"], "--kv-canary is given twice"),
+    (["--kv-canary", "loud"], "--kv-canary='loud' is invalid; allowed: none, log, raise"),
+    (["--kv-canary-sweep-interval", "-1"], "--kv-canary-sweep-interval='-1' is invalid"),
+])
+def test_bad_flags_are_refused_with_what_is_allowed(argv: list[str], message: str) -> None:
+    with pytest.raises(CanaryConfigError, match=message.replace("?", r"\?")):
+        parse_config({}, argv=argv)
+
+
+def test_a_flag_set_where_it_has_no_effect_is_refused_like_its_variable() -> None:
+    with pytest.raises(CanaryConfigError, match="would have no effect"):
+        parse_config({}, argv=["--kv-canary-real-data", "partial"])  # the canary is off
+
+
+def test_flags_from_argv_reads_both_forms() -> None:
+    assert flags_from_argv(["--kv-canary=log", "--kv-canary-sweep-interval", "4"]) == {
+        "SGLANG_KV_CANARY_MODE": ("--kv-canary", "log"),
+        "SGLANG_KV_CANARY_SWEEP_INTERVAL": ("--kv-canary-sweep-interval", "4"),
+    }
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -73,6 +73,20 @@ def test_log_mode_serves_and_logs_the_startup_line(log_mode_server) -> None:
 
 
 @pytest.mark.gpu
+def test_launch_flags_alone_turn_the_canary_on(canary_server) -> None:
+    """``--kv-canary log --kv-canary-real-data partial`` and no variable: the scheduler process
+    reads the launching command line's flags, and the canary checks the served batch."""
+    server = canary_server(env={}, args=("--kv-canary", "log", "--kv-canary-real-data",
+                                         "partial"))
+    serve_a_batch(server)
+    summary = parse_canary_log(server.log_text())
+    assert len(summary.startup) == 1, summary.startup
+    assert summary.startup[0].fields["mode"] == "log"
+    assert summary.startup[0].fields["real_data"] == "partial"
+    assert summary.violations == ()
+
+
+@pytest.mark.gpu
 def test_bad_mode_stops_the_launch_before_loading_a_model(expect_launch_failure) -> None:
     outcome = expect_launch_failure(env={"SGLANG_KV_CANARY_MODE": "loud"}, timeout_s=60)
     for fragment in ("SGLANG_KV_CANARY_MODE", "'loud'", "none, log, raise"):

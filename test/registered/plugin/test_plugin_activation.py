@@ -152,5 +152,55 @@ def test_oracle_backend_without_oracle_is_refused() -> None:
     assert "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1" in result.stdout + result.stderr
 
 
+
+def test_a_launch_flag_turns_the_canary_on_and_launch_server_parses_it() -> None:
+    """``--kv-canary log`` on the command line alone: the canary's hooks are registered (the
+    flag parser's among them), and SGLang's own parser accepts the flags."""
+    code = """
+        import json, sys
+        sys.argv = ["launch_server", "--model-path", "m", "--kv-canary", "log",
+                    "--kv-canary-real-data", "partial"]
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        load_plugins()
+        import argparse
+        from sglang.srt.server_args import ServerArgs
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        args = parser.parse_args(sys.argv[1:])
+        from sglang.srt.kv_canary.config import get_active_config
+        config = get_active_config()
+        print(json.dumps({"mode": config.mode.value, "real_data": config.real_data.value,
+                          "flag": args.kv_canary, "targets": sorted(HookRegistry._hooks)}))
+    """
+    result = _run(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (state["mode"], state["real_data"], state["flag"]) == ("log", "partial", "log")
+    assert "sglang.srt.model_executor.model_runner.ModelRunner.initialize" in state["targets"]
+
+
+def test_launch_server_help_lists_the_flags_with_the_canary_off() -> None:
+    result = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"],
+                            env=_clean_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "KV canary:" in result.stdout
+    for flag in ("--kv-canary VALUE", "--kv-canary-real-data VALUE",
+                 "--kv-canary-sweep-interval VALUE"):
+        assert flag in result.stdout
+
+
+def test_a_flag_disagreeing_with_its_variable_stops_the_launch() -> None:
+    code = """
+        import sys
+        sys.argv = ["launch_server", "--kv-canary", "raise"]
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+    """
+    result = _run(code, SGLANG_KV_CANARY_MODE="log")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "--kv-canary raise and SGLANG_KV_CANARY_MODE='log' disagree" in output, output[-2000:]
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

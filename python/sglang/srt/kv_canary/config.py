@@ -12,6 +12,12 @@ suggested), and a variable that is set to something other than its "off" value i
 configuration where it would have no effect (e.g. ``RING_CAPACITY`` with the canary off): a
 typo or a forgotten switch must never leave a check silently disabled.
 
+Three knobs also have a ``launch_server`` flag (:data:`LAUNCH_FLAGS`: ``--kv-canary``,
+``--kv-canary-real-data``, ``--kv-canary-sweep-interval``), read from the command line by the
+same parsing: a flag counts as its variable, and a flag and its variable both set to different
+values is refused naming both. SGLang's scheduler processes are spawned with the command line of
+the ``launch_server`` process, so every process reads the same flags.
+
 This module imports only the standard library: it is what runs when the canary is off.
 """
 
@@ -21,7 +27,7 @@ import dataclasses
 import difflib
 import enum
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -95,6 +101,9 @@ class CanaryConfig:
     health_check_every_n_steps: int = 100
     reinject_padded_row_bug: bool = False
     perturb: PerturbConfig = field(default_factory=PerturbConfig)
+    # the command line names a canary flag or asks for help: launch_server's parser must know
+    # the flags (the one hook registered with everything else off)
+    launch_flags: bool = False
 
     @property
     def canary_enabled(self) -> bool:
@@ -400,13 +409,93 @@ def _reject_unknown_names(environ: Mapping[str, str]) -> None:
     )
 
 
-def parse_config(environ: Mapping[str, str]) -> CanaryConfig:
-    """Build and validate the configuration from an environment mapping.
+# ----------------------------------------------------------------------------- launch flags
+
+# flag -> the suffix of the variable it stands for
+LAUNCH_FLAGS: Mapping[str, str] = {
+    "--kv-canary": "MODE",
+    "--kv-canary-real-data": "REAL_DATA",
+    "--kv-canary-sweep-interval": "SWEEP_INTERVAL",
+}
+LAUNCH_FLAG_PREFIX = "--kv-canary"
+_HELP_FLAGS = ("-h", "--help")
+
+
+def flags_from_argv(argv: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """The canary flags of a command line: ``{variable name: (flag, raw value)}``, taking
+    ``--flag value`` and ``--flag=value``.
 
     Raises:
-        CanaryConfigError: a value is malformed, a name is unknown, a feature is not
-            implemented, or a variable is set where it would have no effect.
+        CanaryConfigError: an argument starting with ``--kv-canary`` that is not one of the flags
+            (abbreviations included: a flag is named whole), a flag without a value, or a flag
+            given twice with different values.
     """
+    found: dict[str, tuple[str, str]] = {}
+    index = 0
+    while index < len(argv):
+        argument = argv[index]
+        index += 1
+        if not argument.startswith(LAUNCH_FLAG_PREFIX):
+            continue
+        flag, equals, value = argument.partition("=")
+        if flag not in LAUNCH_FLAGS:
+            close = difflib.get_close_matches(flag, list(LAUNCH_FLAGS), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise CanaryConfigError(
+                f"unknown flag {flag}{hint} (the KV canary's flags: {', '.join(LAUNCH_FLAGS)})"
+            )
+        if not equals:
+            following = argv[index] if index < len(argv) else None
+            if following is None or (following.startswith("-")
+                                     and not following[1:].isdigit()):  # "-1": a value
+                raise CanaryConfigError(f"{flag} needs a value")
+            value = argv[index]
+            index += 1
+        name = ENV_PREFIX + LAUNCH_FLAGS[flag]
+        if name in found and found[name][1] != value:
+            raise CanaryConfigError(
+                f"{flag} is given twice: {found[name][1]!r} and {value!r}; give it once"
+            )
+        found[name] = (flag, value)
+    return found
+
+
+def _with_flags(environ: Mapping[str, str],
+                flags: Mapping[str, tuple[str, str]]) -> Mapping[str, str]:
+    """``environ`` with each flag standing for its variable.
+
+    Raises:
+        CanaryConfigError: a flag and its variable are both set, to different values (compared
+            parsed: ``--kv-canary LOG`` agrees with ``SGLANG_KV_CANARY_MODE=log``).
+    """
+    if not flags:
+        return environ
+    merged = dict(environ)
+    knobs = {knob.name: knob for knob in KNOBS}
+    for name, (flag, value) in flags.items():
+        knob = knobs[name]
+        parsed = knob.parse(f"{flag}", value)
+        if name in environ and knob.parse(name, environ[name]) != parsed:
+            raise CanaryConfigError(
+                f"{flag} {value} and {name}={environ[name]!r} disagree; set one of them, or both "
+                "to the same value"
+            )
+        merged[name] = value
+    return merged
+
+
+def parse_config(environ: Mapping[str, str], *, argv: Sequence[str] = ()) -> CanaryConfig:
+    """Build and validate the configuration from an environment mapping and a command line
+    (its canary flags: :func:`flags_from_argv`).
+
+    Raises:
+        CanaryConfigError: a value is malformed, a name or flag is unknown, a flag and its
+            variable disagree, a feature is not implemented, or a variable is set where it would
+            have no effect.
+    """
+    flags = flags_from_argv(argv)
+    launch_flags = bool(flags) or any(argument in _HELP_FLAGS for argument in argv)
+    environ = _with_flags(environ, flags)
     _reject_unknown_names(environ)
     top: dict[str, Any] = {}
     perturb: dict[str, Any] = {}
@@ -414,7 +503,7 @@ def parse_config(environ: Mapping[str, str]) -> CanaryConfig:
         value = knob.parse(knob.name, environ.get(knob.name, knob.default))
         section, _, attribute = knob.field.rpartition(".")
         (perturb if section == "perturb" else top)[attribute] = value
-    config = CanaryConfig(**top, perturb=PerturbConfig(**perturb))
+    config = CanaryConfig(**top, perturb=PerturbConfig(**perturb), launch_flags=launch_flags)
     for knob in KNOBS:
         raw = environ.get(knob.name)
         if raw is None or _is_off(knob, raw):
@@ -445,15 +534,16 @@ def _is_off(knob: Knob, raw: str) -> bool:
 _active_config: CanaryConfig | None = None
 
 
-def load_config_from_environment() -> CanaryConfig:
-    """Read ``os.environ`` once per process and cache the result.
+def load_config_from_environment(*, argv: Sequence[str] = ()) -> CanaryConfig:
+    """Read ``os.environ`` (and the canary flags of ``argv``, the process's command line without
+    the program) once per process and cache the result.
 
     The only place in the package that reads the environment. Raises
     :class:`CanaryConfigError` on invalid settings.
     """
     global _active_config
     if _active_config is None:
-        _active_config = parse_config(os.environ)
+        _active_config = parse_config(os.environ, argv=argv)
     return _active_config
 
 

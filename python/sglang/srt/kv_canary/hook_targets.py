@@ -63,6 +63,10 @@ def _sweep(config: CanaryConfig) -> bool:
     return config.canary_enabled and config.sweep_interval > 0
 
 
+def _launch_flags(config: CanaryConfig) -> bool:
+    return config.launch_flags
+
+
 def _padded_row_fix(config: CanaryConfig) -> bool:
     return config.canary_enabled and not config.reinject_padded_row_bug
 
@@ -75,6 +79,14 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         adapter=f"{_ADAPTERS}.server_args:register_oracle_backend_choice",
         needed=_oracle,
         purpose="make --sampling-backend token_oracle parse (argparse reads the choices)",
+    ),
+    HookSpec(
+        target="sglang.srt.server_args.ServerArgs.add_cli_args",
+        hook_type="before",
+        adapter=f"{_ADAPTERS}.server_args:add_launch_flags",
+        needed=_launch_flags,
+        purpose="launch_server parses (and --help lists) --kv-canary, --kv-canary-real-data "
+                "and --kv-canary-sweep-interval",
     ),
     # ------------------------------------------------------------- scheduler
     HookSpec(

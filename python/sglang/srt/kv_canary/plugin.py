@@ -2,7 +2,9 @@
 
 SGLang's loader calls :func:`activate` in the CLI process, in ``Engine.__init__`` and in every
 scheduler process, then applies the registered hooks. With no ``SGLANG_KV_CANARY_*`` feature
-enabled it returns at once: no hook is registered and nothing beyond :mod:`.config` is imported.
+enabled and no canary flag on the command line it returns at once: no hook is registered and
+nothing beyond :mod:`.config` is imported. A canary flag alone, or ``--help``, registers the one
+hook that makes ``launch_server``'s parser accept the flags.
 
 SGLang's loader catches ``Exception`` from plugin functions and only logs it, which would leave a
 server running without its canary. Every failure here is therefore raised as
@@ -45,7 +47,7 @@ def activate() -> None:
             be imported, or any other failure while registering.
     """
     try:
-        config = load_config_from_environment()
+        config = load_config_from_environment(argv=sys.argv[1:])
     except CanaryConfigError as exc:
         raise CanaryStartupError(str(exc)) from None
 
@@ -53,7 +55,7 @@ def activate() -> None:
         raise CanaryStartupError(
             f"--sampling-backend {_ORACLE_BACKEND} needs SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=1"
         )
-    if not config.anything_enabled:
+    if not config.anything_enabled and not config.launch_flags:
         return
 
     try:
