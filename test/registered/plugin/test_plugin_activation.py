@@ -202,5 +202,41 @@ def test_a_flag_disagreeing_with_its_variable_stops_the_launch() -> None:
     output = result.stdout + result.stderr
     assert "--kv-canary raise and SGLANG_KV_CANARY_MODE='log' disagree" in output, output[-2000:]
 
+
+def test_with_the_oracle_on_the_sampling_backend_defaults_to_it() -> None:
+    code = """
+        import argparse, json, sys
+        sys.argv = ["launch_server", "--model-path", "m"]
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.server_args import ServerArgs
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        default = parser.parse_args(["--model-path", "m"]).sampling_backend
+        given = parser.parse_args(["--model-path", "m", "--sampling-backend", "pytorch"])
+        print(json.dumps([default, given.sampling_backend]))
+    """
+    result = _run(code, SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE="1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["token_oracle", "pytorch"]
+
+
+def test_the_startup_line_names_the_sampling_backend_with_the_oracle(caplog) -> None:
+    import logging
+    from types import SimpleNamespace
+
+    from sglang.srt.kv_canary.config import parse_config, set_active_config_for_testing
+    from sglang.srt.kv_canary.hooks.scheduler import log_startup_line
+
+    set_active_config_for_testing(parse_config({"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"}))
+    try:
+        with caplog.at_level(logging.INFO, logger="sglang.srt.kv_canary"):
+            log_startup_line(object(), SimpleNamespace(sampling_backend="token_oracle"))
+    finally:
+        set_active_config_for_testing(None)
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("KV canary enabled: mode=none") and line.endswith(
+        "sampling_backend=token_oracle"), line
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

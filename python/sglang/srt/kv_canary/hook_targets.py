@@ -82,6 +82,13 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
     ),
     HookSpec(
         target="sglang.srt.server_args.ServerArgs.add_cli_args",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.server_args:default_to_oracle_backend",
+        needed=_oracle,
+        purpose="with the token oracle on, --sampling-backend defaults to token_oracle",
+    ),
+    HookSpec(
+        target="sglang.srt.server_args.ServerArgs.add_cli_args",
         hook_type="before",
         adapter=f"{_ADAPTERS}.server_args:add_launch_flags",
         needed=_launch_flags,

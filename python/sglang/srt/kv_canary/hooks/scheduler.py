@@ -11,9 +11,16 @@ from sglang.srt.kv_canary.runner.canary_runner import canary_runners_of_schedule
 logger = logging.getLogger("sglang.srt.kv_canary")
 
 
-def log_startup_line(*args: Any, **kwargs: Any) -> None:
-    """BEFORE ``Scheduler.__init__``: one line saying what is enabled."""
-    logger.info(get_active_config().describe())
+def log_startup_line(scheduler: Any, server_args: Any = None, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``Scheduler.__init__(server_args, ...)``: one line saying what is enabled (with
+    the token oracle, the sampling backend in use: ``token_oracle`` unless the command line
+    chose another, which the model runner then refuses)."""
+    config = get_active_config()
+    line = config.describe()
+    server_args = kwargs.get("server_args", server_args)
+    if config.enable_token_oracle and server_args is not None:
+        line += f" sampling_backend={server_args.sampling_backend}"
+    logger.info(line)
 
 
 def after_init_cache(result: None, scheduler: Any, *args: Any, **kwargs: Any) -> None:

@@ -20,6 +20,15 @@ def register_oracle_backend_choice(*args: Any, **kwargs: Any) -> None:
     register_oracle_backend_choice()
 
 
+def default_to_oracle_backend(result: None, parser: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``ServerArgs.add_cli_args(parser)``, the token oracle on: ``--sampling-backend``
+    defaults to ``token_oracle`` (another backend given on the command line is still refused at
+    start-up, as the oracle needs its own)."""
+    from sglang.srt.kv_canary.token_oracle.sampler import TOKEN_ORACLE_BACKEND
+
+    parser.set_defaults(sampling_backend=TOKEN_ORACLE_BACKEND)
+
+
 def add_launch_flags(parser: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``ServerArgs.add_cli_args(parser)``: the canary's flags, in their own group. The
     plugin read them from the command line already (:func:`..config.flags_from_argv`); argparse
