@@ -342,7 +342,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(suffix="REINJECT_PADDED_ROW_BUG", field="reinject_padded_row_bug", parse=_parse_bool,
          default="0", allowed="boolean",
          meaning="debug: leave SGLang 0.5.12's stale padded CUDA-graph rows unfixed, to see "
-                 "what the canary reports (write_unmapped)",
+                 "what the canary reports (padded_row)",
          off_value="0", no_effect=_needs_canary),
     Knob(suffix="PERTURB_WARMUP_STEPS", field="perturb.warmup_steps",
          parse=_int_parser(minimum=0), default="50", allowed="integer >= 0",
