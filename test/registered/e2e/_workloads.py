@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
+from sglang.srt.kv_canary.burnin.server_log import LogFollower
 from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX
 from sglang.srt.kv_canary.monitor.stats import IDLE_LINE_RE, STATS_LINE_RE
 from sglang.srt.kv_canary.monitor.violations import ViolationRow, find_violation_rows
@@ -82,23 +83,12 @@ def log_when(server, done: Callable[[str], bool], *, timeout_s: float = 20.0) ->
 def polled_log(server, *, timeout_s: float = 20.0, quiet_s: float = 0.5) -> str:
     """The server log once the canary has reported every forward so far: after the last
     response, wait for an idle line (logged once the publication of the server's last forward
-    was read, every row before it) and then ``quiet_s`` without a newer one, so the newest idle
-    line is the one after the last forward, not one of a pause inside the workload. After
+    was read, every row before it) and then ``quiet_s`` without a newer one, as the burn-in does
+    (:meth:`~sglang.srt.kv_canary.burnin.server_log.LogFollower.wait_until_polled`). After
     ``timeout_s`` without an idle line, the log as it is (the caller's assertion then fails)."""
-    deadline = time.monotonic() + timeout_s
-    log = server.log_text()
-    while time.monotonic() < deadline:
-        count = len(IDLE_LINE_RE.findall(log))
-        if count:
-            time.sleep(quiet_s)
-            newer = server.log_text()
-            if len(IDLE_LINE_RE.findall(newer)) == count:
-                return newer
-            log = newer
-            continue
-        time.sleep(0.1)
-        log = server.log_text()
-    return log
+    follower = LogFollower(path=server.launch.log_path, start_offset=0)
+    follower.wait_until_polled(timeout_s=timeout_s, quiet_s=quiet_s)
+    return server.log_text()
 
 
 def fault_has_row(fault: re.Match[str], rows: Iterable[ViolationRow], *, max_delay: int = 0,

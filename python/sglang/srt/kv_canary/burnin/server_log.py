@@ -17,7 +17,7 @@ import pathlib
 import re
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -73,7 +73,8 @@ class LogFollower:
         return _decode(data[:end])
 
     def wait_until_polled(self, *, timeout_s: float, quiet_s: float = 0.5,
-                          clock=time.monotonic, sleep=time.sleep) -> bool:
+                          clock: Callable[[], float] = time.monotonic,
+                          sleep: Callable[[float], None] = time.sleep) -> bool:
         """Wait, at most ``timeout_s``, for the canary's idle line (logged once the counters of
         the server's last forward were read: every row before it) and then ``quiet_s`` without
         a newer one; True when it came. The lines read are counted as :meth:`poll` reads them
