@@ -4,6 +4,7 @@
 #   bash scripts/gpu_tests.sh 1        # plan 1: its shards side by side, then its serial shard
 #   bash scripts/gpu_tests.sh 2        # plan 2 (the two plans hold every `gpu` test once)
 #   bash scripts/gpu_tests.sh all      # plan 1, then plan 2 (a host without a per-call limit)
+#   bash scripts/gpu_tests.sh shards swa-clean kernels   # named shards of any plan, side by side
 #   bash scripts/gpu_tests.sh test/registered/e2e -k log_mode   # a subset: any pytest args
 #
 # Installs SGLang's bundle and this checkout (source .gpu/gpu_env.sh), then runs the plan's
@@ -69,6 +70,10 @@ shard 1 refusals 215
     test/registered/e2e/test_startup_e2e.py::test_bad_mode_stops_the_launch_before_loading_a_model
 shard 1 launch-flags 120
     test/registered/e2e/test_startup_e2e.py::test_launch_flags_alone_turn_the_canary_on
+shard 1 swa-clean-graphs 150
+    test/registered/e2e/test_swa_e2e.py::test_a_sliding_window_model_serves_clean_with_cuda_graphs
+shard 1 swa-clean-paged 150
+    test/registered/e2e/test_swa_e2e.py::test_a_sliding_window_model_serves_clean_without_graphs_at_page_16
 shard 1 memory 125 serial
     test/registered/e2e/test_startup_e2e.py::test_canary_off_leaves_no_trace_in_the_log
     test/registered/e2e/test_startup_e2e.py::test_log_mode_serves_and_logs_the_startup_line
@@ -128,6 +133,12 @@ shard 2 sync-demo 235
     test/registered/e2e/test_demo_e2e.py
 shard 2 burnin 300
     test/registered/e2e/test_burnin_e2e.py
+shard 2 swa-faults-window 150
+    test/registered/e2e/test_swa_e2e.py::test_faults_in_the_sliding_window_sub_pool_are_caught
+shard 2 swa-faults-full 150
+    test/registered/e2e/test_swa_e2e.py::test_faults_in_the_full_attention_sub_pool_are_caught
+shard 2 kernels-window 90
+    test/registered/kernels/test_slot_window.py
 '
 
 repo=$(pwd)
@@ -141,10 +152,14 @@ left_s() {  # seconds the current plan has left before its deadline, less a marg
   echo $(( ${GPU_TESTS_DEADLINE_S:-570} - ($(date +%s) - plan_started) - 25 ))
 }
 
-plan_shards() {  # plan_shards PLAN: one "NAME|EXPECTED_S|KIND|SELECTORS" line per shard of PLAN
-  awk -v plan="$1" '
+plan_shards() {  # plan_shards PLAN [NAME...]: one "NAME|EXPECTED_S|KIND|SELECTORS" line per shard
+  # of PLAN ("any": of every plan), only the named ones when names are given
+  local plan=$1
+  shift
+  awk -v plan="$plan" -v names=" $* " '
     function flush() { if (name != "") print name "|" expected "|" kind "|" selectors }
-    $1 == "shard" { flush(); name = ($2 == plan) ? $3 : ""; expected = $4
+    function wanted(p, n) { return (plan == "any" || p == plan) && (names == "  " || index(names, " " n " ")) }
+    $1 == "shard" { flush(); name = wanted($2, $3) ? $3 : ""; expected = $4
                     kind = ($5 == "serial") ? "serial" : "parallel"; selectors = ""; next }
     NF { selectors = selectors (selectors == "" ? "" : " ") $1 }
     END { flush() }
@@ -170,18 +185,20 @@ run_shard() {  # run_shard ID EXPECTED_S LIMIT_S PYTEST_ARGS...: one pytest run,
   return "$rc"
 }
 
-run_plan() {  # run_plan PLAN: its parallel shards side by side, then its serial shards
+run_plan() {  # run_plan PLAN [NAME...]: its (named) parallel shards side by side, then its serial
+  # shards
   local plan=$1 failed=0 name expected kind selectors reserve=0 pids=() pid
   local -a parallel=() serial=()
+  shift
   while IFS='|' read -r name expected kind selectors; do
     if [ "$kind" = serial ]; then
       serial+=("$name|$expected|$selectors"); reserve=$(( reserve + expected * 13 / 10 ))
     else
       parallel+=("$name|$expected|$selectors")
     fi
-  done < <(plan_shards "$plan")
+  done < <(plan_shards "$plan" "$@")
   if [ $(( ${#parallel[@]} + ${#serial[@]} )) -eq 0 ]; then
-    say "plan $plan has no shard (plans: 1, 2)"; return 2
+    say "plan $plan has no shard${*:+ named $*} (plans: 1, 2)"; return 2
   fi
   say "plan $plan: ${#parallel[@]} shards side by side, then ${#serial[@]} alone;" \
       "$(left_s) s left"
@@ -241,7 +258,8 @@ pack_outputs() {  # the shard logs and the kept server logs, each folder into it
 
 main() {
   if [ $# -eq 0 ]; then
-    say "usage: bash scripts/gpu_tests.sh 1 | 2 | all | PYTEST_ARGS..."; return 2
+    say "usage: bash scripts/gpu_tests.sh 1 | 2 | all | shards NAME... | PYTEST_ARGS..."
+    return 2
   fi
   if [ ! -f pyproject.toml ] || [ ! -f .gpu/gpu_env.sh ]; then
     say "run me from the repo root with .gpu carried (pyproject.toml or .gpu/gpu_env.sh missing)"
@@ -261,6 +279,7 @@ main() {
   case "$1" in
     1 | 2) run_plan "$1" || rc=1 ;;
     all) run_plan 1 || rc=1; plan_started=$(date +%s); run_plan 2 || rc=1 ;;
+    shards) shift; run_plan any "$@" || rc=1 ;;
     *) run_subset "$@"; rc=$? ;;
   esac
   pack_outputs

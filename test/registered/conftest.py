@@ -37,5 +37,6 @@ from e2e_fixtures import (  # noqa: E402,F401 - fixtures and their report hook
     pytest_runtest_makereport,
     shared_servers,
     tiny_eagle_draft_dir,
+    tiny_gpt_oss_dir,
     tiny_model_dir,
 )

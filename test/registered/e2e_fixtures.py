@@ -2,7 +2,8 @@
 
 Loaded by ``test/registered/conftest.py`` so that every test directory sees it.
 
-* ``tiny_model_dir`` / ``tiny_eagle_draft_dir`` (session): the offline tiny model, made once.
+* ``tiny_model_dir`` / ``tiny_eagle_draft_dir`` / ``tiny_gpt_oss_dir`` (session): the offline
+  tiny models (Llama, its EAGLE draft, a hybrid sliding-window GPT-OSS), made once.
 * ``canary_server(env=..., args=...)``: launches ``python -m sglang.launch_server`` on the tiny
   model, waits (bounded) until it is ready and returns a
   :class:`~sglang.srt.kv_canary.tools.server.RunningServer`. Only the ``SGLANG_KV_CANARY_*``
@@ -42,7 +43,11 @@ from sglang.srt.kv_canary.tools.server import (
     run_until_exit,
     start_server,
 )
-from sglang.srt.kv_canary.tools.tiny_model import make_tiny_eagle_draft, make_tiny_model
+from sglang.srt.kv_canary.tools.tiny_model import (
+    make_tiny_eagle_draft,
+    make_tiny_gpt_oss,
+    make_tiny_model,
+)
 
 _SERVERS = pytest.StashKey[list[RunningServer]]()
 _SHARED = pytest.StashKey["SharedServers"]()
@@ -78,6 +83,11 @@ def tiny_eagle_draft_dir(tmp_path_factory: pytest.TempPathFactory,
                          tiny_model_dir: pathlib.Path) -> pathlib.Path:
     return make_tiny_eagle_draft(directory=tmp_path_factory.mktemp("tiny_eagle_draft"),
                                  target_dir=tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return make_tiny_gpt_oss(directory=tmp_path_factory.mktemp("tiny_gpt_oss"))
 
 
 def _launch(*, tmp_path: pathlib.Path, model_dir: pathlib.Path,

@@ -61,12 +61,12 @@ def _hash_kernel(
     slots = tl.load(slots_ptr + lanes)
     tl.store(mix_out_ptr + lanes, helpers.mix64(tokens))
     tl.store(term_out_ptr + lanes, helpers.chain_term(tokens, positions))
+    mask = tl.load(mask_ptr + lanes) != 0
     fingerprint = helpers.slot_fingerprint(
-        slots, tl.load(mask_ptr + lanes) != 0, tl.load(due_ptr + lanes),
-        tl.load(every_ptr + lanes) != 0,
+        slots, mask, slots, mask, tl.load(due_ptr + lanes), tl.load(every_ptr + lanes) != 0,
         src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
         src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-        NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
+        NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK, 0,
     )
     tl.store(fingerprint_out_ptr + lanes, fingerprint)
 

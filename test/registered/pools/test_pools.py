@@ -45,7 +45,8 @@ def _mha_pool(*, head_dim: int = 8, layers: int = 1, page_size: int = 1) -> MHAT
 
 
 def _mha(**kwargs) -> MHACanaryPool:
-    return canary_pool_for(req_to_token_pool=_req_pool(), token_to_kv_pool=_mha_pool(**kwargs))
+    return canary_pool_for(req_to_token_pool=_req_pool(), token_to_kv_pool=_mha_pool(**kwargs),
+                           sliding_window_size=None)
 
 
 def test_plain_mha_pools_are_covered() -> None:
@@ -83,23 +84,24 @@ def test_real_data_reads_k_and_v_of_the_first_and_last_layer(layers: int, finger
     ("pool_class", "advice"),
     [
         (MLATokenToKVPool, "MLA models"),
-        (SWAKVPool, "hybrid sliding-window"),
         (MHATokenToKVPoolFP4, "--kv-cache-dtype other than fp4_e2m1"),
     ],
 )
 def test_other_pool_classes_are_refused_with_advice(pool_class: type, advice: str) -> None:
     pool = object.__new__(pool_class)  # the check looks at the class only
     (reason,) = pool_refusals(req_to_token_pool=_req_pool(), token_to_kv_pool=pool)
-    assert pool_class.__name__ in reason and "MHATokenToKVPool only" in reason and advice in reason
+    assert pool_class.__name__ in reason and "MHATokenToKVPool, SWAKVPool only" in reason
+    assert advice in reason
     with pytest.raises(CanaryUnsupportedError, match=advice):
-        canary_pool_for(req_to_token_pool=_req_pool(), token_to_kv_pool=pool)
+        canary_pool_for(req_to_token_pool=_req_pool(), token_to_kv_pool=pool,
+                        sliding_window_size=None)
     with pytest.raises(TypeError, match="MHACanaryPool needs an MHATokenToKVPool"):
         MHACanaryPool(pool)
 
 
 def test_every_advised_pool_class_is_one_without_an_implementation() -> None:
     covered = {pool_type.kind for pool_type in CANARY_POOL_TYPES}
-    assert covered == {"MHATokenToKVPool"} and not covered & set(POOL_ADVICE)
+    assert covered == {"MHATokenToKVPool", "SWAKVPool"} and not covered & set(POOL_ADVICE)
 
 
 def test_other_request_pools_are_refused() -> None:

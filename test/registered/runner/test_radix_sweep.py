@@ -301,7 +301,9 @@ def test_the_unused_cache_perturbation_flips_one_byte_of_an_unlocked_leaf() -> N
     pool = setup.server.kv_pool
     views = [b[layer].view(b[layer].shape[0], -1).view(torch.uint8)
              for layer in (0, pool.layer_num - 1) for b in (pool.k_buffer, pool.v_buffer)]
-    perturbation = RealKvUnusedCachePerturbation(kv_bytes=FingerprintedBytes(pool=MHACanaryPool(pool)))
+    canary_pool = MHACanaryPool(pool)
+    perturbation = RealKvUnusedCachePerturbation(kv_bytes=FingerprintedBytes(pool=canary_pool),
+                                                 pool=canary_pool)
     chosen = set()
     for seed in range(12):
         before = [view.clone() for view in views]

@@ -6,10 +6,11 @@ replayed from a CUDA graph compared no token at all. Here the model runner's can
 driven through its events as SGLang drives it: its in-forward part is captured once
 (``capture_decode_graph``), over static decode buffers padded like SGLang's decode graph, and
 then replayed step after step (``run_forward`` around ``on_decode_replay`` and the replay) while
-requests decode, finish and are replaced (row reuse), the history being uploaded outside the
-graph before each replay (a decode step's one token per row is then appended by the launch
-captured in the graph before the pre launch). One replay consumes a wrong input token (what the ``input_ids``
-perturbation does): the record of that slot then holds the wrong token, consistently, and
+requests decode, finish and are replaced (row reuse). A new owner's history is uploaded by the
+host; every sampled token (one per row and forward) joins the history on the device right after
+``ModelRunner.sample`` (``on_sampled``, outside the graph), as SGLang's sample hook does. One
+replay consumes a wrong input token (what the ``input_ids`` perturbation does): the record of
+that slot then holds the wrong token, consistently, and
 
 * with the write-input assert, the same replay reports ``write_token`` (the oracle's token,
   computed inside the graph from graph-resident request ids);
@@ -132,8 +133,18 @@ class _Harness:
             forward_batch=batch,
             forward=lambda: model.forward(batch.input_ids, batch.positions, batch),
         )
-        for req in reqs:
-            req.output_ids.append(_oracle_token(req, len(req.origin_input_ids)))
+        self.sample(batch, reqs)
+
+    def sample(self, batch: ForwardBatch, reqs: list[FakeReq]) -> None:
+        """What ``ModelRunner.sample`` and the scheduler do after the forward: each row's token
+        (the oracle's, as the ``token_oracle`` sampler picks it) at the position after the
+        forward, through the sample hook's event (the history append on the device), then kept
+        in the request's output."""
+        positions = batch.seq_lens_cpu.tolist()
+        tokens = [_oracle_token(req, position) for req, position in zip(reqs, positions)]
+        self.runner.on_sampled(forward_batch=batch, next_token_ids=_i64(tokens))
+        for req, token in zip(reqs, tokens):
+            req.output_ids.append(token)
 
     def violations(self) -> list[ViolationRow]:
         torch.cuda.synchronize()
@@ -175,9 +186,10 @@ class _DecodeGraph:
         return graph
 
     def replay(self, reqs: list[FakeReq], *, wrong_input: dict[str, int] | None = None) -> None:
-        """One decode step of ``reqs`` through ``run_forward``: the history uploaded, the static
-        buffers filled (a row in ``wrong_input`` consumes that token instead of its own), the
-        graph's request ids refreshed, the graph replayed; then sample."""
+        """One decode step of ``reqs`` through ``run_forward``: the seq_lens mirror uploaded,
+        the static buffers filled (a row in ``wrong_input`` consumes that token instead of its
+        own), the graph's request ids refreshed, the graph replayed; then sample (the live
+        batch, as ``ModelRunner.sample`` gets it)."""
         wrong_input = wrong_input or {}
         n, pad = len(reqs), _MAX_BS - len(reqs)
         assert n <= _MAX_BS
@@ -208,8 +220,7 @@ class _DecodeGraph:
             self.harness.runner.on_graph_replay(graph_runner=self.graph_runner)  # replay's hook
 
         self.harness.runner.run_forward(forward_batch=live, forward=replay)
-        for req, position in zip(reqs, positions):
-            req.output_ids.append(_oracle_token(req, position + 1))
+        self.harness.sample(live, reqs)
 
 
 def _request(rid: str, row: int, prompt_len: int) -> FakeReq:
@@ -261,27 +272,28 @@ def test_a_wrong_token_consumed_in_a_replayed_graph_is_caught(write_input: bool)
 
 
 def test_replayed_decode_steps_append_the_history_inside_the_graph() -> None:
-    """A decode step's one token per row reaches the device history through the append
-    captured before the pre launch: no scatter runs for those replays, the history equals the
-    host's after every replay, and the graph's padded rows leave pool row 0 empty."""
+    """A decode step's one token per row reaches the device history through the append after
+    the sample (``on_sampled``): no scatter runs for those replays, the history equals the
+    host's after every replayed step, its last sampled token included, and the graph's padded
+    rows leave pool row 0 empty."""
     harness = _Harness(write_input=False)
     a, b, c = _request("a", 1, 9), _request("b", 2, 5), _request("c", 3, 12)
     harness.prefill([a, b, c])
     graph = _DecodeGraph(harness)
-    history = harness.runner.token_history
+    history = harness.runner.token_checks.history
     scatters = []
-    scatter = history.upload
+    scatter = history.scatter
 
-    def counting_scatter(section) -> None:
+    def counting_scatter(**section) -> None:
         scatters.append(section)
-        scatter(section)
+        scatter(**section)
 
-    history.upload = counting_scatter
+    history.scatter = counting_scatter  # the uploader's host-sent histories go through it
     for _ in range(4):
         graph.replay([a, b, c])  # 3 live rows in a graph of 4
         torch.cuda.synchronize()
         for req in (a, b, c):
-            known = req.origin_input_ids + req.output_ids[:-1]  # the upload predates the last
+            known = req.origin_input_ids + req.output_ids  # the last sampled one appended
             assert history.lens[req.req_pool_idx].item() == len(known)
             assert history.tokens[req.req_pool_idx, : len(known)].tolist() == known
     assert scatters == []

@@ -48,15 +48,17 @@ class FakeReq:
 
 def model_runner_stub(*, is_draft_worker: bool = False, sampling_backend: str = "token_oracle",
                       speculative_algorithm: str | None = None,
-                      disable_overlap_schedule: bool = False) -> SimpleNamespace:
-    """The ModelRunner attributes ``ForwardBatch.init_new`` and the canary read (no canary set)."""
+                      disable_overlap_schedule: bool = False,
+                      device: str = "cpu") -> SimpleNamespace:
+    """The ModelRunner attributes ``ForwardBatch.init_new`` and the canary read (no canary set;
+    ``device``: where a canary set on it allocates its buffers, at construction)."""
     server_args = SimpleNamespace(
         attention_backend="torch_native", enable_lora=False, sampling_backend=sampling_backend,
         speculative_algorithm=speculative_algorithm,
         disable_overlap_schedule=disable_overlap_schedule,
     )
     return SimpleNamespace(
-        device="cpu", req_to_token_pool=None, token_to_kv_pool=None, attn_backend=None,
+        device=device, req_to_token_pool=None, token_to_kv_pool=None, attn_backend=None,
         server_args=server_args, use_ngram_embedding=False, model_is_mrope=False,
         is_hybrid_swa=False, is_draft_worker=is_draft_worker,
         model_config=SimpleNamespace(vocab_size=VOCAB_SIZE),

@@ -200,9 +200,10 @@ def test_a_real_cuda_graph_replay_gives_the_sampler_its_tokens(
 ) -> None:
     """The token launch captured into a real CUDA graph (the Triton oracle kernel) writes the
     replayed batch's tokens; the ids and positions come from the graph-resident buffers."""
-    model_runner = with_canary(model_runner_stub())  # live batches are built on the CPU
+    # the canary's device is the model runner's, fixed when the canary is built: its request
+    # ids and graph buffers (the graph's next tokens) are allocated on the GPU
+    model_runner = with_canary(model_runner_stub(device="cuda"))
     canary = runner_of(model_runner)
-    canary._device = torch.device("cuda")  # the graph buffers live on the GPU
     graph_runner = SimpleNamespace(max_bs=MAX_BS, model_runner=model_runner)
     static = _static_batch(ForwardMode.DECODE, device="cuda")
     graph = torch.cuda.CUDAGraph()

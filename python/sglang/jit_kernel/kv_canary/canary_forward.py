@@ -103,6 +103,8 @@ from sglang.jit_kernel.kv_canary.launch_config import (
     max_programs,
     real_data_args,
     real_data_constexprs,
+    window_args,
+    window_constexprs,
 )
 from sglang.jit_kernel.kv_canary.triton_helpers import (
     CHAIN_ANCHOR_C,
@@ -124,9 +126,12 @@ from sglang.jit_kernel.kv_canary.triton_helpers import (
     ring_append,
     row_sums,
     slot_fingerprint,
+    source_rows,
     successor_chain,
     sum_1d,
     unpack_token,
+    window_slots,
+    windowed_lane,
 )
 
 PRE = tl.constexpr(int(CheckKind.PRE_VERIFY))
@@ -153,6 +158,8 @@ _VERIFY_UNWRITTEN = tl.constexpr(int(Reason.VERIFY_UNWRITTEN))
 _VERIFY_SEQ_LENS = tl.constexpr(int(Reason.VERIFY_SEQ_LENS))
 _PADDED_ROW = tl.constexpr(int(Reason.PADDED_ROW))
 _VERIFY_NOT_LANDED = tl.constexpr(int(Reason.VERIFY_NOT_LANDED))
+_VERIFY_WINDOW_UNMAPPED = tl.constexpr(int(Reason.VERIFY_WINDOW_UNMAPPED))
+_VERIFY_WINDOW_OWNER = tl.constexpr(int(Reason.VERIFY_WINDOW_OWNER))
 _WRITE_TOKEN = tl.constexpr(int(Reason.WRITE_TOKEN))
 _WRITE_POSITION = tl.constexpr(int(Reason.WRITE_POSITION))
 _WRITE_UNMAPPED = tl.constexpr(int(Reason.WRITE_UNMAPPED))
@@ -224,44 +231,54 @@ def _locate(local_item, tile_counts, tile_ends, lanes):
 
 @triton.jit
 def _poison_sources(
-    slot, mask, step,
+    slot, mask, window_slot, window_live, step,
     src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
     src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
     NUM_SOURCES: tl.constexpr, WORDS0: tl.constexpr, WORDS1: tl.constexpr,
-    WORDS2: tl.constexpr, WORDS3: tl.constexpr,
+    WORDS2: tl.constexpr, WORDS3: tl.constexpr, WINDOWED: tl.constexpr,
 ):
-    """Write the landing poison of forward ``step`` into every source's window of ``slot``."""
+    """Write the landing poison of forward ``step`` into every source's window of ``slot`` (a
+    windowed source's: of ``window_slot``, where ``window_live``)."""
     if NUM_SOURCES > 0:
-        poison_landing_window(src0_ptr, src0_rows, src0_stride, slot, mask, step, 0, WORDS0)
+        row, on = source_rows(slot, mask, window_slot, window_live, 0, WINDOWED)
+        poison_landing_window(src0_ptr, src0_rows, src0_stride, row, on, step, 0, WORDS0)
     if NUM_SOURCES > 1:
-        poison_landing_window(src1_ptr, src1_rows, src1_stride, slot, mask, step, 1, WORDS1)
+        row, on = source_rows(slot, mask, window_slot, window_live, 1, WINDOWED)
+        poison_landing_window(src1_ptr, src1_rows, src1_stride, row, on, step, 1, WORDS1)
     if NUM_SOURCES > 2:
-        poison_landing_window(src2_ptr, src2_rows, src2_stride, slot, mask, step, 2, WORDS2)
+        row, on = source_rows(slot, mask, window_slot, window_live, 2, WINDOWED)
+        poison_landing_window(src2_ptr, src2_rows, src2_stride, row, on, step, 2, WORDS2)
     if NUM_SOURCES > 3:
-        poison_landing_window(src3_ptr, src3_rows, src3_stride, slot, mask, step, 3, WORDS3)
+        row, on = source_rows(slot, mask, window_slot, window_live, 3, WINDOWED)
+        poison_landing_window(src3_ptr, src3_rows, src3_stride, row, on, step, 3, WORDS3)
 
 
 @triton.jit
 def _any_source_poisoned(
-    slot, mask, step,
+    slot, mask, window_slot, window_live, step,
     src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
     src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
     NUM_SOURCES: tl.constexpr, WORDS0: tl.constexpr, WORDS1: tl.constexpr,
-    WORDS2: tl.constexpr, WORDS3: tl.constexpr,
+    WORDS2: tl.constexpr, WORDS3: tl.constexpr, WINDOWED: tl.constexpr,
 ):
-    """bool: lanes ``mask`` where some source's window still holds forward ``step``'s poison."""
+    """bool: lanes ``mask`` where some source's window still holds forward ``step``'s poison
+    (a windowed source's window of ``window_slot``, where ``window_live``)."""
     poisoned = mask ^ mask
     if NUM_SOURCES > 0:
-        poisoned |= landing_window_poisoned(src0_ptr, src0_rows, src0_stride, slot, mask, step,
+        row, on = source_rows(slot, mask, window_slot, window_live, 0, WINDOWED)
+        poisoned |= landing_window_poisoned(src0_ptr, src0_rows, src0_stride, row, on, step,
                                             0, WORDS0)
     if NUM_SOURCES > 1:
-        poisoned |= landing_window_poisoned(src1_ptr, src1_rows, src1_stride, slot, mask, step,
+        row, on = source_rows(slot, mask, window_slot, window_live, 1, WINDOWED)
+        poisoned |= landing_window_poisoned(src1_ptr, src1_rows, src1_stride, row, on, step,
                                             1, WORDS1)
     if NUM_SOURCES > 2:
-        poisoned |= landing_window_poisoned(src2_ptr, src2_rows, src2_stride, slot, mask, step,
+        row, on = source_rows(slot, mask, window_slot, window_live, 2, WINDOWED)
+        poisoned |= landing_window_poisoned(src2_ptr, src2_rows, src2_stride, row, on, step,
                                             2, WORDS2)
     if NUM_SOURCES > 3:
-        poisoned |= landing_window_poisoned(src3_ptr, src3_rows, src3_stride, slot, mask, step,
+        row, on = source_rows(slot, mask, window_slot, window_live, 3, WINDOWED)
+        poisoned |= landing_window_poisoned(src3_ptr, src3_rows, src3_stride, row, on, step,
                                             3, WORDS3)
     return poisoned
 
@@ -302,6 +319,11 @@ def _verify_tile(
     src3_ptr,
     src3_rows,
     src3_stride,
+    window_table_ptr,
+    window_table_len,
+    window_owners_ptr,
+    num_window_slots,
+    window_size,
     PHASE: tl.constexpr,
     VERIFY_TOKEN: tl.constexpr,
     NUM_SOURCES: tl.constexpr,
@@ -312,6 +334,8 @@ def _verify_tile(
     WORDS3: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
     REAL_DATA_STRIDE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     """Verify positions ``position`` (lanes ``lanes_on``) of pool row ``rp`` whose prefix length
     is ``prefix``; append violation rows; return the number of slots verified (int64). The
@@ -325,19 +349,32 @@ def _verify_tile(
         records_ptr, num_slots, slot, mapped, position, prev_slot, position == 0
     )
     new = position >= prefix
+    # Window slots: every position the forward's queries attend to needs one, owned by its slot.
+    window_slot = slot
+    window_live = mapped
+    if HAS_WINDOW:
+        needed = mapped & (position >= prefix - window_size)
+        window_slot, window_live = window_slots(
+            window_table_ptr, window_table_len, num_window_slots, slot, needed
+        )
+        reasons |= tl.where(needed & ~window_live, _VERIFY_WINDOW_UNMAPPED, 0)
+        owned_by = tl.load(window_owners_ptr + window_slot, mask=window_live & ~new, other=0)
+        reasons |= tl.where(window_live & ~new & (owned_by != slot), _VERIFY_WINDOW_OWNER, 0)
     if PHASE == POST:
         fingerprint, stamp = load_record_tail(records_ptr, num_slots, slot, mapped)
         stamped = stamp == step + 1
         reasons |= tl.where(~new & stamped, _VERIFY_OVERWRITTEN, 0)
         reasons |= tl.where(new & ~stamped, _VERIFY_UNWRITTEN, 0)
+        if HAS_WINDOW:
+            tl.store(window_owners_ptr + window_slot, slot, mask=window_live & new & stamped)
         if NUM_SOURCES > 0:
             # The model must have replaced the landing poison of every slot it wrote.
             landed = mapped & new & stamped
             poisoned = _any_source_poisoned(
-                slot, landed, step,
+                slot, landed, window_slot, window_live, step,
                 src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
                 src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-                NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
+                NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3, WINDOWED,
             )
             reasons |= tl.where(poisoned, _VERIFY_NOT_LANDED, 0)
             # The lanes whose bytes are read: every mapped one, or with a stride the prefix
@@ -349,10 +386,10 @@ def _verify_tile(
             # every source (its whole fingerprint is stored)
             due = (position + step) // REAL_DATA_STRIDE % NUM_SOURCES
             live = slot_fingerprint(
-                slot, folded, due, new,
+                slot, folded, window_slot, window_live, due, new,
                 src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
                 src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-                NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
+                NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK, WINDOWED,
             )
             # A new slot's bytes were just written by the model: store, do not check.
             checked = ~stamped & folded & ~new
@@ -361,6 +398,13 @@ def _verify_tile(
             differs = fingerprint ^ live
             if PARTIAL:
                 differs &= lane_mask(due, NUM_SOURCES)
+            if WINDOWED != 0:
+                # a windowed source's bytes are compared only where its window slot is live
+                if PARTIAL:
+                    checked &= ~windowed_lane(due, WINDOWED) | window_live
+                else:  # the lower half (the other sources) always, the upper where live
+                    differs &= tl.where(window_live, differs * 0 - 1,
+                                        lane_mask(differs * 0, 2))
             reasons |= tl.where(checked & (differs != 0), _VERIFY_REAL_KV, 0)
     expected_token = tl.full(position.shape, NO_TOKEN_C, dtype=tl.int64)
     if VERIFY_TOKEN:
@@ -434,6 +478,9 @@ def _write_lanes(
     src3_ptr,
     src3_rows,
     src3_stride,
+    window_table_ptr,
+    window_table_len,
+    num_window_slots,
     SCAN: tl.constexpr,
     CHECK_INPUTS: tl.constexpr,
     HAS_HISTORY: tl.constexpr,
@@ -444,6 +491,8 @@ def _write_lanes(
     WORDS1: tl.constexpr,
     WORDS2: tl.constexpr,
     WORDS3: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     """Write the records of the tokens in ``lanes_on`` (per lane: pool row ``rp``, prefix length
     ``prefix``, index ``k`` of the token within its row of ``count`` tokens, token index
@@ -478,12 +527,19 @@ def _write_lanes(
     tail = tl.join(chain * 0, chain * 0 + step + 1)
     tl.store(records_ptr + fields + _FIELD_TOKEN_POSITION, head, mask=storable[:, None])
     tl.store(records_ptr + fields + _FIELD_FINGERPRINT, tail, mask=storable[:, None])
-    _poison_sources(
-        slot, storable, step,
-        src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
-        src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-        NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
-    )
+    if NUM_SOURCES > 0:
+        window_slot = slot
+        window_live = storable
+        if WINDOWED != 0:
+            window_slot, window_live = window_slots(
+                window_table_ptr, window_table_len, num_window_slots, slot, storable
+            )
+        _poison_sources(
+            slot, storable, window_slot, window_live, step,
+            src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
+            src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+            NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3, WINDOWED,
+        )
 
     if CHECK_INPUTS:
         _check_write_inputs(
@@ -708,6 +764,11 @@ def _canary_forward_kernel(
     src3_ptr,
     src3_rows,
     src3_stride,
+    window_table_ptr,
+    window_table_len,
+    window_owners_ptr,
+    num_window_slots,
+    window_size,
     NUM_SOURCES: tl.constexpr,
     PARTIAL: tl.constexpr,
     WORDS0: tl.constexpr,
@@ -716,6 +777,8 @@ def _canary_forward_kernel(
     WORDS3: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
     REAL_DATA_STRIDE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    WINDOWED: tl.constexpr,
     ROW_BLOCK: tl.constexpr,
     VERIFY_TILE: tl.constexpr,
     WRITE_TILE: tl.constexpr,
@@ -773,8 +836,10 @@ def _canary_forward_kernel(
                 ring_ptr, ring_capacity, counters_ptr,
                 src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
                 src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+                window_table_ptr, window_table_len, window_owners_ptr, num_window_slots,
+                window_size,
                 PHASE, VERIFY_TOKEN, NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3,
-                WORD_CHUNK, REAL_DATA_STRIDE,
+                WORD_CHUNK, REAL_DATA_STRIDE, HAS_WINDOW, WINDOWED,
             )
         item_base += total
 
@@ -806,8 +871,9 @@ def _canary_forward_kernel(
                         ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
                         src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
                         src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+                        window_table_ptr, window_table_len, num_window_slots,
                         False, True, HAS_HISTORY, HAS_EXPECTED_INPUT_IDS, HAS_EXPECTED_POSITIONS,
-                        NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
+                        NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3, HAS_WINDOW, WINDOWED,
                     )
             else:
                 # WRITE_TILE tokens of one row per item.
@@ -842,8 +908,9 @@ def _canary_forward_kernel(
                             ring_ptr, ring_capacity, counters_ptr, owner_chains_ptr,
                             src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
                             src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
+                            window_table_ptr, window_table_len, num_window_slots,
                             True, False, HAS_HISTORY, False, False,
-                            NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3,
+                            NUM_SOURCES, WORDS0, WORDS1, WORDS2, WORDS3, HAS_WINDOW, WINDOWED,
                         )
                     else:  # the same tokens' write checks, after the model
                         valid, token, position, slot = _written_token(
@@ -989,9 +1056,11 @@ def _bound_launch(state: CanaryDeviceState, phase: CheckKind) -> _BoundLaunch:
         state.counters,
         state.owner_chains,
         *real_data_args(real_data, placeholder=state.records),
+        *window_args(state.window, placeholder=state.owner_chains),
         real["NUM_SOURCES"], real["PARTIAL"], real["WORDS0"], real["WORDS1"], real["WORDS2"],
         real["WORDS3"], real["WORD_CHUNK"],
         1 if real_data is None else real_data.verify_stride,
+        *window_constexprs(state.window, real_data),
         tiles.row_block,
         verify_tile,
         tiles.write_tile,

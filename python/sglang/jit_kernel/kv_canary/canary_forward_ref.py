@@ -89,6 +89,17 @@ advances ``COUNTER_STEP`` itself and so cannot read it race-free):
 4. counters: ``KERNEL_RUNS[POST_VERIFY] += 1``, ``ENTRIES[POST_VERIFY] +=`` slots verified,
    ``COUNTER_STEP += 1``.
 
+Window slots (``state.window`` given, :class:`~.kernel_inputs.SlotWindow`). In both verify
+steps, a mapped position ``p >= P - window`` of a live row needs a window slot ``w =
+slot_table[slot]`` (0 outside the table): ``w`` outside ``[1, G)`` gives
+``VERIFY_WINDOW_UNMAPPED``; otherwise a position the launch does not write (``p < P``) gives
+``VERIFY_WINDOW_OWNER`` if ``owners[w] != slot``, and the post launch sets ``owners[w] =
+slot`` for each new, stamped position. A windowed real-data source reads row ``w`` instead of
+``slot`` (the landing poison too) and only where ``w`` is live; elsewhere it folds zero words
+and is not compared: with ``partial`` a due lane of a windowed source is compared only where
+``w`` is live, without ``partial`` (one folded value) nothing is compared where ``w`` is not
+live. The same rows go to the ring as for the other reasons (the record's token and chains).
+
 Every violation row carries ``ROW_STEP = S``; ring placement as in :mod:`.consts`. Both launches
 run for every forward, also an empty one: the run counters are the health check's evidence.
 
@@ -144,9 +155,13 @@ from sglang.jit_kernel.kv_canary.torch_helpers import (
     read_records,
     req_to_token,
     row_seed,
+    WindowSlots,
+    window_owners,
+    window_slots,
 )
 
 _PRE, _POST, _WRITE = CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY, CheckKind.WRITE
+_LOWER_HALF = (1 << 32) - 1  # a whole-row fingerprint's half of the sources not windowed
 
 
 def launch_pre_forward(*, state: CanaryDeviceState, batch: CanaryBatchView) -> None:
@@ -298,17 +313,31 @@ def _verify_row(
     reasons |= (record.chain != expected_chain) * int(Reason.VERIFY_CHAIN)
     stamped = record.stamp == step + 1
     new = positions >= row.prefix
+    window = None
+    if state.window is not None:
+        window = window_slots(
+            state, slots, needed=mapped & (positions >= row.prefix - state.window.window)
+        )
+        reasons |= (window.needed & ~window.live) * int(Reason.VERIFY_WINDOW_UNMAPPED)
+        owned = window_owners(state, window) == slots
+        reasons |= (window.live & ~new & ~owned) * int(Reason.VERIFY_WINDOW_OWNER)
     if state.real_data is not None and phase is _POST:  # real data: after the forward only
         real = state.real_data
-        poisoned = _landing_poisoned(state, slots, step=step)
+        poisoned = _landing_poisoned(state, slots, step=step, window=window)
         reasons |= (mapped & new & stamped & poisoned) * int(Reason.VERIFY_NOT_LANDED)
-        live_bytes = fingerprints(state, slots)
+        live_bytes = fingerprints(state, slots, window_slots=window)
         due, source = due_sources_torch(positions=positions, step=step,
                                         stride=real.verify_stride, num_sources=len(real.sources))
         differs = record.fingerprint ^ live_bytes
+        checked = ~stamped & ~new & due
         if real.partial:  # only the due source's lane
             differs &= lane_masks_torch(sources=source, num_sources=len(real.sources))
-        checked = ~stamped & ~new & due
+        if window is not None and state.window.windowed_sources:
+            if real.partial:  # a windowed due lane needs its window slot
+                windowed = (state.window.windowed_sources >> source) & 1 != 0
+                checked &= ~windowed | window.live
+            else:  # the lower half (the other sources) always, the upper where live
+                differs &= torch.where(window.live, -1, _LOWER_HALF)
         reasons |= (checked & (differs != 0)) * int(Reason.VERIFY_REAL_KV)
     expected_token = torch.full_like(positions, NO_EXPECTED_TOKEN)
     if batch.verifies_tokens:
@@ -321,6 +350,9 @@ def _verify_row(
         if state.real_data is not None:
             store = mapped & new & stamped & (slots > 0) & (slots < state.num_slots)
             state.records[slots[store], FIELD_FINGERPRINT] = live_bytes[store]
+        if window is not None:
+            stamp = window.live & new & stamped
+            state.window.owners[window.slots[stamp]] = slots[stamp]
 
     unmapped = ~mapped
     reasons = torch.where(unmapped, int(Reason.VERIFY_UNMAPPED), reasons)
@@ -351,20 +383,33 @@ def _landing_windows(words: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Te
     return rows, columns, inside
 
 
+def _source_rows(state: CanaryDeviceState, slots: torch.Tensor, window: WindowSlots | None,
+                 source: int) -> torch.Tensor:
+    """The rows of ``slots`` in real-data source ``source``: the slots, or for a windowed source
+    the live window slots (-1, outside every source, elsewhere)."""
+    if window is None or not state.window.windows_source(source):
+        return slots
+    return torch.where(window.live, window.slots, -1)
+
+
 def _poison_landing_windows(state: CanaryDeviceState, slots: torch.Tensor, *, step: int) -> None:
     """Write forward ``step``'s landing poison into every source's window of ``slots``."""
+    window = None
+    if state.window is not None:
+        window = window_slots(state, slots, needed=torch.ones_like(slots, dtype=torch.bool))
     for source, words in enumerate(state.real_data.sources):
-        rows, columns, inside = _landing_windows(words, slots)
+        rows, columns, inside = _landing_windows(words, _source_rows(state, slots, window, source))
         rows, columns = rows[inside], columns[inside]
         poison = landing_poison_torch(slots=rows, step=step, source=source, columns=columns)
         words[rows[:, None], columns] = poison
 
 
-def _landing_poisoned(state: CanaryDeviceState, slots: torch.Tensor, *, step: int) -> torch.Tensor:
+def _landing_poisoned(state: CanaryDeviceState, slots: torch.Tensor, *, step: int,
+                      window: WindowSlots | None) -> torch.Tensor:
     """bool: ``slots`` where some source's window still holds forward ``step``'s poison."""
     poisoned = torch.zeros_like(slots, dtype=torch.bool)
     for source, words in enumerate(state.real_data.sources):
-        rows, columns, inside = _landing_windows(words, slots)
+        rows, columns, inside = _landing_windows(words, _source_rows(state, slots, window, source))
         poison = landing_poison_torch(slots=rows, step=step, source=source, columns=columns)
         poisoned |= inside & (words[rows[:, None], columns] == poison).all(dim=1)
     return poisoned

@@ -123,6 +123,8 @@ class Reason(enum.IntFlag):
     VERIFY_SEQ_LENS = 2048
     PADDED_ROW = 4096
     VERIFY_NOT_LANDED = 8192
+    VERIFY_WINDOW_UNMAPPED = 16384
+    VERIFY_WINDOW_OWNER = 32768
 
 
 REASON_LABELS: dict[Reason, str] = {
@@ -140,6 +142,8 @@ REASON_LABELS: dict[Reason, str] = {
     Reason.VERIFY_SEQ_LENS: "verify_seq_lens",
     Reason.PADDED_ROW: "padded_row",
     Reason.VERIFY_NOT_LANDED: "verify_not_landed",
+    Reason.VERIFY_WINDOW_UNMAPPED: "verify_window_unmapped",
+    Reason.VERIFY_WINDOW_OWNER: "verify_window_owner",
 }
 
 # ----------------------------------------------------------------------------- violation ring

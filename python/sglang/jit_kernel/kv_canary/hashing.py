@@ -359,22 +359,31 @@ def fingerprint_fold_torch(*, words: torch.Tensor, keys: torch.Tensor) -> torch.
 
 
 def slot_fingerprints_torch(
-    *, slots: torch.Tensor, sources: Sequence[torch.Tensor], partial: bool
+    *, slots: torch.Tensor, sources: Sequence[torch.Tensor], partial: bool,
+    source_rows: Sequence[torch.Tensor | None] | None = None, windowed_sources: int = 0,
 ) -> torch.Tensor:
     """Fingerprints of ``slots`` (int64 ``[n]``) over real-data sources (int64 word views
     ``[num_rows, words_per_row]``, row = slot); int64 ``[n]``, bit-identical to
     :func:`slot_fingerprint_scalar` (lanes with ``partial``). Slots outside a source's rows fold
-    zero words.
+    zero words. ``source_rows[k]`` (int64 ``[n]``, where given and not None) replaces ``slots``
+    as the rows read from source ``k`` (a source indexed by another slot space). Without
+    ``partial`` and with ``windowed_sources`` (a bit mask) nonzero, the fold splits into two
+    halves: the top 32 bits of the other sources' XOR in bits ``[0, 32)``, the windowed sources'
+    in ``[32, 64)``.
 
     Graph-safe (gathers with clamped indices, no host sync); allocates temporaries.
     """
     if slots.dtype != torch.int64:
         raise TypeError(f"slots must be int64, got {slots.dtype}")
     result = torch.zeros_like(slots)
+    windowed = torch.zeros_like(slots)
     for source, words in enumerate(sources):
         num_rows, words_per_row = words.shape
-        inside = (slots >= 0) & (slots < num_rows)
-        rows = torch.where(inside, slots, 0)
+        picked = slots
+        if source_rows is not None and source_rows[source] is not None:
+            picked = source_rows[source]
+        inside = (picked >= 0) & (picked < num_rows)
+        rows = torch.where(inside, picked, 0)
         if partial:
             first = 2 * (rows % (words_per_row // 2))
             columns = torch.stack([first, first + 1], dim=-1)
@@ -389,8 +398,12 @@ def slot_fingerprints_torch(
             bits = fingerprint_lane_bits(len(sources))
             top = folded if bits == 64 else logical_shift_right(folded, 64 - bits)
             result |= top * (1 << (source * bits))
+        elif windowed_sources >> source & 1:
+            windowed ^= folded
         else:
             result ^= folded
+    if not partial and windowed_sources:
+        result = logical_shift_right(result, 32) | (logical_shift_right(windowed, 32) << 32)
     return result
 
 

@@ -1,7 +1,8 @@
 """What the canary launches read and write: validated frozen value types.
 
 - :class:`CanaryDeviceState` (one per KV pool): records, ``req_to_token``, violation ring,
-  counters, per-request owner chains and the optional :class:`RealDataSources`.
+  counters, per-request owner chains, the optional :class:`RealDataSources` and the optional
+  :class:`SlotWindow` (a second slot space read through a table over a trailing window).
 - :class:`CanaryBatchView` (one per forward): views of the ForwardBatch tensors.
 - :class:`SweepEntries` (one per sweep): the slots to check and what they must hold.
 - :func:`check_scatter_inputs`: the input contract of the token-history scatter.
@@ -104,6 +105,63 @@ class RealDataSources:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SlotWindow:
+    """A second slot space beside the records': *window slots*, reached from a record slot
+    through a table and required only over the trailing window of each row's positions (in
+    SGLang: the sliding-window sub-pool of a hybrid pool, whose slots the allocator maps from the
+    full sub-pool's and frees once they leave the window).
+
+    - ``slot_table``: int64 ``[T]``, record slot ``s`` -> window slot ``slot_table[s]``; a value
+      outside ``[1, G)`` (or ``s`` outside ``[0, T)``) means none (freed, never allocated).
+      Not a copy: the allocator's own table.
+    - ``owners``: int64 ``[G]``, window slot -> the record slot whose post launch last stamped it
+      (0: never); the canary's record group of the window sub-pool.
+    - ``window``: a live row with prefix length ``P`` needs window slots at positions
+      ``p >= P - window`` (every position the forward's queries attend to); earlier positions
+      may have lost theirs.
+    - ``windowed_sources``: bit ``k`` set: real-data source ``k`` holds window-slot rows (its
+      row for record slot ``s`` is ``slot_table[s]``) and is read only where that is live.
+    """
+
+    slot_table: torch.Tensor
+    owners: torch.Tensor
+    window: int
+    windowed_sources: int = 0
+
+    def __post_init__(self) -> None:
+        table = _vector(self, "slot_table", (torch.int64,))
+        owners = _vector(self, "owners", (torch.int64,))
+        if owners.shape[0] < 2:
+            raise ValueError(
+                f"SlotWindow.owners must have at least 2 rows (slot 0 is none), got "
+                f"{owners.shape[0]}"
+            )
+        window = self.window
+        if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window < 1 << 40:
+            raise ValueError(f"SlotWindow.window must be an int in [0, 2**40), got {window!r}")
+        mask = self.windowed_sources
+        if (isinstance(mask, bool) or not isinstance(mask, int)
+                or not 0 <= mask < 1 << MAX_REAL_DATA_SOURCES):
+            raise ValueError(
+                f"SlotWindow.windowed_sources must be a bit mask in [0, "
+                f"{1 << MAX_REAL_DATA_SOURCES}), got {mask!r}"
+            )
+        _on_device(self, "owners", owners, table.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.slot_table.device
+
+    @property
+    def num_window_slots(self) -> int:
+        return self.owners.shape[0]
+
+    def windows_source(self, source: int) -> bool:
+        """Whether real-data source ``source`` is read through the table."""
+        return bool(self.windowed_sources >> source & 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CanaryDeviceState:
     """Preallocated once per KV pool; every tensor on the pool's device.
 
@@ -116,6 +174,7 @@ class CanaryDeviceState:
       next token must be seeded with (``chain_after`` of the request's cached history); 0 means
       unknown (the next forward adopts its own seed). The pre launch advances it.
     - ``real_data``: the fingerprinted KV bytes, or None (real data off).
+    - ``window``: the window slots (:class:`SlotWindow`), or None (one slot space).
     """
 
     records: torch.Tensor
@@ -124,6 +183,7 @@ class CanaryDeviceState:
     counters: torch.Tensor
     owner_chains: torch.Tensor
     real_data: RealDataSources | None = None
+    window: SlotWindow | None = None
 
     def __post_init__(self) -> None:
         records = _matrix(self, "records", torch.int64, contiguous=True)
@@ -152,6 +212,24 @@ class CanaryDeviceState:
                 f"CanaryDeviceState.real_data is on {self.real_data.device}, expected "
                 f"{records.device} (all tensors on one device)"
             )
+        window = self.window
+        if window is not None:
+            if not isinstance(window, SlotWindow):
+                raise TypeError(
+                    f"CanaryDeviceState.window must be SlotWindow or None, got "
+                    f"{type(window).__name__}"
+                )
+            if window.device != records.device:
+                raise ValueError(
+                    f"CanaryDeviceState.window is on {window.device}, expected {records.device} "
+                    "(all tensors on one device)"
+                )
+            sources = 0 if self.real_data is None else len(self.real_data.sources)
+            if self.real_data is not None and window.windowed_sources >> sources:
+                raise ValueError(
+                    f"CanaryDeviceState.window.windowed_sources={window.windowed_sources:#x} "
+                    f"names a source past the {sources} real-data sources"
+                )
 
     @classmethod
     def zeros(
@@ -161,6 +239,7 @@ class CanaryDeviceState:
         req_to_token: torch.Tensor,
         ring_capacity: int,
         real_data: RealDataSources | None = None,
+        window: SlotWindow | None = None,
     ) -> CanaryDeviceState:
         """Zeroed records, ring, counters and owner chains on ``req_to_token``'s device.
 
@@ -184,6 +263,7 @@ class CanaryDeviceState:
             counters=zeros(NUM_COUNTERS),
             owner_chains=zeros(req_to_token.shape[0]),
             real_data=real_data,
+            window=window,
         )
 
     @property

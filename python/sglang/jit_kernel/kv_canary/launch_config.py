@@ -1,6 +1,6 @@
 """Host-side launch helpers shared by the canary kernels: the interpreter check and the refusal
-of CPU tensors, the device's program cap, and the real-data sources as kernel arguments and
-constexprs."""
+of CPU tensors, the device's program cap, and the real-data sources and the window slots as
+kernel arguments and constexprs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import triton
 from triton.runtime.interpreter import InterpretedFunction
 
 from sglang.jit_kernel.kv_canary.consts import MAX_REAL_DATA_SOURCES
-from sglang.jit_kernel.kv_canary.kernel_inputs import RealDataSources
+from sglang.jit_kernel.kv_canary.kernel_inputs import RealDataSources, SlotWindow
 
 PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 3  # the interpreter runs programs one after another: few, each looping
@@ -85,3 +85,21 @@ def real_data_args(real_data: RealDataSources | None, *, placeholder: torch.Tens
         else:
             args += [placeholder, 0, 0]
     return tuple(args)
+
+
+def window_args(window: SlotWindow | None, *, placeholder: torch.Tensor) -> tuple:
+    """``(table, table length, owners, window slots, window)`` of the window slots; without
+    them ``placeholder`` (never read) and zeros."""
+    if window is None:
+        return (placeholder, 0, placeholder, 0, 0)
+    return (window.slot_table, window.slot_table.shape[0], window.owners,
+            window.num_window_slots, window.window)
+
+
+def window_constexprs(window: SlotWindow | None,
+                      real_data: RealDataSources | None) -> tuple[bool, int]:
+    """``(HAS_WINDOW, WINDOWED)``: whether there are window slots, and the bit mask of the
+    real-data sources read through them (0 with real data off)."""
+    if window is None:
+        return (False, 0)
+    return (True, window.windowed_sources if real_data is not None else 0)

@@ -33,15 +33,19 @@ from sglang.jit_kernel.kv_canary.launch_config import (
     require_cuda_or_interpreter,
     real_data_args,
     real_data_constexprs,
+    window_args,
+    window_constexprs,
 )
 from sglang.jit_kernel.kv_canary.triton_helpers import (
     NO_TOKEN_C,
     append_verify_rows,
     check_records,
     check_token,
+    lane_mask,
     load_record_tail,
     slot_fingerprint,
     sum_1d,
+    window_slots,
 )
 
 _SWEEP = tl.constexpr(int(CheckKind.SWEEP))
@@ -49,6 +53,7 @@ _COUNTER_STEP = tl.constexpr(COUNTER_STEP)
 _RUNS_SWEEP = tl.constexpr(COUNTER_KERNEL_RUNS + CheckKind.SWEEP)
 _ENTRIES_SWEEP = tl.constexpr(COUNTER_ENTRIES + CheckKind.SWEEP)
 _VERIFY_REAL_KV = tl.constexpr(int(Reason.VERIFY_REAL_KV))
+_VERIFY_WINDOW_OWNER = tl.constexpr(int(Reason.VERIFY_WINDOW_OWNER))
 _TOKEN_MASK = tl.constexpr(TOKEN_MASK)
 _ANCHOR_PREV_SLOT = tl.constexpr(-1)
 
@@ -80,6 +85,11 @@ def _sweep_kernel(
     src3_ptr,
     src3_rows,
     src3_stride,
+    window_table_ptr,
+    window_table_len,
+    window_owners_ptr,
+    num_window_slots,
+    window_size,
     NUM_SOURCES: tl.constexpr,
     PARTIAL: tl.constexpr,
     WORDS0: tl.constexpr,
@@ -87,6 +97,8 @@ def _sweep_kernel(
     WORDS2: tl.constexpr,
     WORDS3: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    WINDOWED: tl.constexpr,
     TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -106,15 +118,34 @@ def _sweep_kernel(
         prev_slot == _ANCHOR_PREV_SLOT,
     )
     reasons = check_token(reasons, token, expected_token)
+    # A cached slot keeps its window slot only while the cache holds it in the window.
+    window_slot = slot
+    window_live = mapped
+    if HAS_WINDOW:
+        window_slot, window_live = window_slots(
+            window_table_ptr, window_table_len, num_window_slots, slot, mapped
+        )
+        owned_by = tl.load(window_owners_ptr + window_slot, mask=window_live, other=0)
+        reasons |= tl.where(window_live & (owned_by != slot), _VERIFY_WINDOW_OWNER, 0)
     if NUM_SOURCES > 0:
         fingerprint, _ = load_record_tail(records_ptr, num_slots, slot, mapped)
         live = slot_fingerprint(  # every source of every slot (partial: every lane)
-            slot, mapped, slot * 0, mapped,
+            slot, mapped, window_slot, window_live, slot * 0, mapped,
             src0_ptr, src0_rows, src0_stride, src1_ptr, src1_rows, src1_stride,
             src2_ptr, src2_rows, src2_stride, src3_ptr, src3_rows, src3_stride,
-            NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK,
+            NUM_SOURCES, PARTIAL, WORDS0, WORDS1, WORDS2, WORDS3, WORD_CHUNK, WINDOWED,
         )
-        reasons |= tl.where(fingerprint != live, _VERIFY_REAL_KV, 0)
+        differs = fingerprint ^ live
+        checked = mapped
+        if WINDOWED != 0:
+            if PARTIAL:  # drop the lanes of windowed sources without a window slot
+                for source in tl.static_range(NUM_SOURCES):
+                    if (WINDOWED >> source) & 1:
+                        differs &= tl.where(window_live, differs * 0 - 1,
+                                            ~lane_mask(differs * 0 + source, NUM_SOURCES))
+            else:  # the lower half (the other sources) always, the upper where live
+                differs &= tl.where(window_live, differs * 0 - 1, lane_mask(differs * 0, 2))
+        reasons |= tl.where(checked & (differs != 0), _VERIFY_REAL_KV, 0)
     append_verify_rows(
         ring_ptr, counters_ptr, ring_capacity, lanes_on, reasons, _SWEEP, 0, slot, position,
         token, expected_token, chain, expected_chain, step,
@@ -159,7 +190,9 @@ def launch_sweep(*, state: CanaryDeviceState, entries: SweepEntries) -> None:
         state.ring_capacity,
         state.counters,
         *real_data_args(state.real_data, placeholder=state.records),
+        *window_args(state.window, placeholder=state.owner_chains),
         **real,
+        **dict(zip(("HAS_WINDOW", "WINDOWED"), window_constexprs(state.window, state.real_data))),
         TILE=tile,
         num_warps=NUM_WARPS,
     )

@@ -11,7 +11,12 @@ cache holds, including cached slots no live request references. Per entry ``e`` 
   from ``derived(record(prev_slots[e]))``; not checked where ``prev_slots[e] == 0`` (the row then
   repeats ``r.chain`` as expected);
 - ``VERIFY_TOKEN`` if ``tokens[e] != -1`` and ``r.token != tokens[e] & TOKEN_MASK``;
-- ``VERIFY_REAL_KV`` (real data on) if ``r.fingerprint`` differs from the live bytes'.
+- ``VERIFY_REAL_KV`` (real data on) if ``r.fingerprint`` differs from the live bytes';
+- window slots (``state.window`` given): a cached slot keeps its window slot ``w =
+  slot_table[slot]`` only while the cache holds it in the window, so the sweep checks where
+  ``w`` is live (in ``[1, G)``): ``VERIFY_WINDOW_OWNER`` if ``owners[w] != slot``; a windowed
+  source is read through ``w`` there and folds zero words elsewhere, where its lane
+  (``partial``) or, without ``partial``, the fingerprint's upper half is not compared.
 
 Rows carry ``req_pool_index`` 0, the entry's slot and position, stored / expected token and
 chain, and ``step = counters[COUNTER_STEP]``. Counters: ``KERNEL_RUNS[SWEEP] += 1``,
@@ -33,6 +38,7 @@ from sglang.jit_kernel.kv_canary.consts import (
     CheckKind,
     Reason,
 )
+from sglang.jit_kernel.kv_canary.hashing import lane_mask_scalar
 from sglang.jit_kernel.kv_canary.kernel_inputs import (
     CanaryDeviceState,
     SweepEntries,
@@ -44,6 +50,8 @@ from sglang.jit_kernel.kv_canary.torch_helpers import (
     failing_rows,
     fingerprints,
     read_records,
+    window_owners,
+    window_slots,
 )
 
 ANCHOR_PREV_SLOT = -1  # prev_slots entry of a position-0 slot
@@ -64,9 +72,25 @@ def launch_sweep(*, state: CanaryDeviceState, entries: SweepEntries) -> None:
     token_known = entries.tokens != NO_EXPECTED_TOKEN
     expected_token = torch.where(token_known, entries.tokens & TOKEN_MASK, NO_EXPECTED_TOKEN)
     reasons |= (token_known & (record.token != expected_token)) * int(Reason.VERIFY_TOKEN)
+    window = None
+    if state.window is not None:
+        window = window_slots(state, slots, needed=mapped)
+        owned = window_owners(state, window) == slots
+        reasons |= (window.live & ~owned) * int(Reason.VERIFY_WINDOW_OWNER)
     if state.real_data is not None:
-        live_bytes = fingerprints(state, slots)
-        reasons |= (record.fingerprint != live_bytes) * int(Reason.VERIFY_REAL_KV)
+        real = state.real_data
+        live_bytes = fingerprints(state, slots, window_slots=window)
+        differs = record.fingerprint ^ live_bytes
+        checked = torch.ones_like(mapped)
+        if window is not None and state.window.windowed_sources:
+            if real.partial:  # drop the lanes of windowed sources without a window slot
+                for source in range(len(real.sources)):
+                    if state.window.windows_source(source):
+                        lane = lane_mask_scalar(source=source, num_sources=len(real.sources))
+                        differs &= torch.where(window.live, -1, ~lane)
+            else:  # the lower half (the other sources) always, the upper where live
+                differs &= torch.where(window.live, -1, (1 << 32) - 1)
+        reasons |= (checked & (differs != 0)) * int(Reason.VERIFY_REAL_KV)
     unmapped = ~mapped
     reasons = torch.where(unmapped, int(Reason.VERIFY_UNMAPPED), reasons)
     rows = failing_rows(

@@ -75,13 +75,59 @@ def read_records(state: CanaryDeviceState, slots: torch.Tensor) -> Records:
     )
 
 
-def fingerprints(state: CanaryDeviceState, slots: torch.Tensor) -> torch.Tensor:
-    """int64 ``[n]`` fingerprints of the live KV bytes of ``slots`` (real data must be on)."""
+def fingerprints(
+    state: CanaryDeviceState, slots: torch.Tensor, *, window_slots: WindowSlots | None = None
+) -> torch.Tensor:
+    """int64 ``[n]`` fingerprints of the live KV bytes of ``slots`` (real data must be on).
+
+    With ``state.window``, the windowed sources read the window slots of ``window_slots``
+    (required then) where they are live, and fold zero words elsewhere (see
+    :func:`~.hashing.slot_fingerprints_torch` for the split of a whole-row fingerprint)."""
     real_data = state.real_data
     assert real_data is not None
+    source_rows = None
+    if state.window is not None and state.window.windowed_sources:
+        assert window_slots is not None
+        rows = torch.where(window_slots.live, window_slots.slots, -1)
+        source_rows = [rows if state.window.windows_source(k) else None
+                       for k in range(len(real_data.sources))]
     return slot_fingerprints_torch(
-        slots=slots, sources=real_data.sources, partial=real_data.partial
+        slots=slots, sources=real_data.sources, partial=real_data.partial,
+        source_rows=source_rows,
+        windowed_sources=0 if state.window is None else state.window.windowed_sources,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowSlots:
+    """The window slots of a vector of record slots (int64 / bool ``[n]``): ``slots`` the table's
+    value (0 outside it), ``needed`` the lanes whose position lies in the window, ``live`` the
+    needed lanes whose window slot is in ``[1, G)``."""
+
+    slots: torch.Tensor
+    needed: torch.Tensor
+    live: torch.Tensor
+
+
+def window_slots(
+    state: CanaryDeviceState, slots: torch.Tensor, *, needed: torch.Tensor
+) -> WindowSlots:
+    """Look ``slots`` up in ``state.window.slot_table`` (0 outside it); live where ``needed``
+    and the value is a window slot."""
+    window = state.window
+    assert window is not None
+    table = window.slot_table
+    inside = (slots >= 0) & (slots < table.shape[0])
+    values = torch.where(inside, table[slots.clamp(0, max(table.shape[0] - 1, 0))], 0)
+    live = needed & (values >= 1) & (values < window.num_window_slots)
+    return WindowSlots(slots=values, needed=needed, live=live)
+
+
+def window_owners(state: CanaryDeviceState, window: WindowSlots) -> torch.Tensor:
+    """int64 ``[n]``: ``owners[window.slots]`` where live, else 0."""
+    owners = state.window.owners
+    index = torch.where(window.live, window.slots, 0)
+    return torch.where(window.live, owners[index], 0)
 
 
 def history_tokens(

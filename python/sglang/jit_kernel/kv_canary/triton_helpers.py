@@ -215,9 +215,41 @@ def _selected_lane(
 
 
 @triton.jit
+def source_rows(slot, mask, window_slot, window_live, SOURCE: tl.constexpr,
+                WINDOWED: tl.constexpr):
+    """(rows, lanes) that real-data source ``SOURCE`` is read at: ``slot`` where ``mask``, or
+    for a windowed source (bit ``SOURCE`` of ``WINDOWED``) ``window_slot`` where ``mask`` and
+    ``window_live`` (see :class:`~.kernel_inputs.SlotWindow`)."""
+    if (WINDOWED >> SOURCE) & 1:
+        return window_slot, mask & window_live
+    else:
+        return slot, mask
+
+
+@triton.jit
+def window_slots(table_ptr, table_len, num_window_slots, slot, needed):
+    """(window slot, live) of int64 record slots ``slot`` where bool ``needed``: the table's
+    value where it lies in ``[1, num_window_slots)``, else (0, False); a slot outside the table
+    reads as none."""
+    inside = needed & (slot >= 0) & (slot < table_len)
+    value = tl.load(table_ptr + slot, mask=inside, other=0).to(tl.int64)
+    live = inside & (value >= 1) & (value < num_window_slots)
+    return tl.where(live, value, 0), live
+
+
+@triton.jit
+def windowed_lane(source, WINDOWED: tl.constexpr):
+    """bool: whether each source index of the int64 tensor ``source`` is windowed."""
+    bits = tl.full(source.shape, WINDOWED, dtype=tl.int64)
+    return ((bits >> source) & 1) != 0
+
+
+@triton.jit
 def slot_fingerprint(
     slot,
     mask,
+    window_slot,
+    window_live,
     due,
     every,
     src0_ptr,
@@ -239,9 +271,13 @@ def slot_fingerprint(
     WORDS2: tl.constexpr,
     WORDS3: tl.constexpr,
     WORD_CHUNK: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     """Fingerprint of the live KV bytes of int64 ``slot [N]`` over ``NUM_SOURCES`` (0..4)
-    real-data sources; int64 ``[N]`` (0 with no sources).
+    real-data sources; int64 ``[N]`` (0 with no sources). A windowed source (bit of
+    ``WINDOWED``) reads ``window_slot`` and only where ``window_live`` (:func:`source_rows`);
+    without ``PARTIAL`` the windowed sources then fold into the upper 32-bit half and the others
+    into the lower (:func:`.hashing.slot_fingerprints_torch`).
 
     ``PARTIAL``: the lanes of :func:`.hashing.slot_fingerprints_torch`, each source read only
     where it is selected: where bool ``every [N]`` holds, or where int64 ``due [N]`` names it;
@@ -249,36 +285,65 @@ def slot_fingerprint(
     holds (``due`` and ``every`` unused).
     """
     acc = tl.full(slot.shape, 0, dtype=tl.int64)
+    if NUM_SOURCES > 0:
+        row0, on0 = source_rows(slot, mask, window_slot, window_live, 0, WINDOWED)
+    if NUM_SOURCES > 1:
+        row1, on1 = source_rows(slot, mask, window_slot, window_live, 1, WINDOWED)
+    if NUM_SOURCES > 2:
+        row2, on2 = source_rows(slot, mask, window_slot, window_live, 2, WINDOWED)
+    if NUM_SOURCES > 3:
+        row3, on3 = source_rows(slot, mask, window_slot, window_live, 3, WINDOWED)
     if PARTIAL:
         if NUM_SOURCES > 0:
-            acc |= _selected_lane(src0_ptr, src0_rows, src0_stride, slot, mask, due, every,
+            acc |= _selected_lane(src0_ptr, src0_rows, src0_stride, row0, on0, due, every,
                                   0, NUM_SOURCES, WORDS0, WORD_CHUNK)
         if NUM_SOURCES > 1:
-            acc |= _selected_lane(src1_ptr, src1_rows, src1_stride, slot, mask, due, every,
+            acc |= _selected_lane(src1_ptr, src1_rows, src1_stride, row1, on1, due, every,
                                   1, NUM_SOURCES, WORDS1, WORD_CHUNK)
         if NUM_SOURCES > 2:
-            acc |= _selected_lane(src2_ptr, src2_rows, src2_stride, slot, mask, due, every,
+            acc |= _selected_lane(src2_ptr, src2_rows, src2_stride, row2, on2, due, every,
                                   2, NUM_SOURCES, WORDS2, WORD_CHUNK)
         if NUM_SOURCES > 3:
-            acc |= _selected_lane(src3_ptr, src3_rows, src3_stride, slot, mask, due, every,
+            acc |= _selected_lane(src3_ptr, src3_rows, src3_stride, row3, on3, due, every,
                                   3, NUM_SOURCES, WORDS3, WORD_CHUNK)
         return acc
+    # Whole rows: one folded value, or with windowed sources two halves (the other sources',
+    # the windowed ones'), so the first half still verifies where no window slot is live.
+    windowed = acc
     if NUM_SOURCES > 0:
-        acc ^= source_fingerprint(
-            src0_ptr, src0_rows, src0_stride, slot, mask, 0, WORDS0, PARTIAL, WORD_CHUNK
+        folded = source_fingerprint(
+            src0_ptr, src0_rows, src0_stride, row0, on0, 0, WORDS0, PARTIAL, WORD_CHUNK
         )
+        if (WINDOWED >> 0) & 1:
+            windowed ^= folded
+        else:
+            acc ^= folded
     if NUM_SOURCES > 1:
-        acc ^= source_fingerprint(
-            src1_ptr, src1_rows, src1_stride, slot, mask, 1, WORDS1, PARTIAL, WORD_CHUNK
+        folded = source_fingerprint(
+            src1_ptr, src1_rows, src1_stride, row1, on1, 1, WORDS1, PARTIAL, WORD_CHUNK
         )
+        if (WINDOWED >> 1) & 1:
+            windowed ^= folded
+        else:
+            acc ^= folded
     if NUM_SOURCES > 2:
-        acc ^= source_fingerprint(
-            src2_ptr, src2_rows, src2_stride, slot, mask, 2, WORDS2, PARTIAL, WORD_CHUNK
+        folded = source_fingerprint(
+            src2_ptr, src2_rows, src2_stride, row2, on2, 2, WORDS2, PARTIAL, WORD_CHUNK
         )
+        if (WINDOWED >> 2) & 1:
+            windowed ^= folded
+        else:
+            acc ^= folded
     if NUM_SOURCES > 3:
-        acc ^= source_fingerprint(
-            src3_ptr, src3_rows, src3_stride, slot, mask, 3, WORDS3, PARTIAL, WORD_CHUNK
+        folded = source_fingerprint(
+            src3_ptr, src3_rows, src3_stride, row3, on3, 3, WORDS3, PARTIAL, WORD_CHUNK
         )
+        if (WINDOWED >> 3) & 1:
+            windowed ^= folded
+        else:
+            acc ^= folded
+    if WINDOWED != 0:
+        acc = source_lane(acc, 0, 2) | source_lane(windowed, 1, 2)
     return acc
 
 

@@ -56,6 +56,15 @@ class RealDataMode(enum.Enum):
     ALL = "all"  # every byte of the four rows
 
 
+class KvSubPool(enum.Enum):
+    """Which sub-pool's K/V bytes the real-data perturbations flip (a hybrid sliding-window pool
+    has two)."""
+
+    ANY = "any"
+    FULL = "full"  # the full-attention buffers (every pool has them)
+    WINDOW = "window"  # the sliding-window buffers, inside a row's window
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PerturbConfig:
     """Fault injection (self-test only). Probabilities are per forward step."""
@@ -71,6 +80,8 @@ class PerturbConfig:
     lost_write_prob: float = 0.0
     input_ids_prob: float = 0.0
     seq_lens_prob: float = 0.0
+    window_table_prob: float = 0.0
+    kv_sub_pool: KvSubPool = KvSubPool.ANY
 
     def enabled_probabilities(self) -> dict[str, float]:
         """The perturbations with a non-zero probability, by short name."""
@@ -252,6 +263,14 @@ def _needs_real_data(config: CanaryConfig) -> str | None:
     return f"{ENV_PREFIX}REAL_DATA=none (no bytes are fingerprinted); set it to partial or all"
 
 
+def _needs_real_kv_perturbation(config: CanaryConfig) -> str | None:
+    perturb = config.perturb
+    if perturb.real_kv_used_prob or perturb.real_kv_unused_cache_prob \
+            or perturb.real_kv_post_forward_prob:
+        return None
+    return "no real_kv_* perturbation is enabled (it chooses their sub-pool)"
+
+
 def _needs_sweep(config: CanaryConfig) -> str | None:
     if reason := _needs_canary(config):
         return reason
@@ -370,6 +389,14 @@ KNOBS: tuple[Knob, ...] = (
                  "canary sees the intended slot)"),
     _probability("PERTURB_INPUT_IDS_PROB",
                  "overwrite one row's input token right before the forward"),
+    _probability("PERTURB_WINDOW_TABLE_PROB",
+                 "point a live in-window slot's sliding-window mapping entry at another live "
+                 "slot's window slot (hybrid sliding-window pools)"),
+    Knob(suffix="PERTURB_KV_SUB_POOL", field="perturb.kv_sub_pool",
+         parse=_enum_parser(KvSubPool), default="any", allowed="any, full, window",
+         meaning="which sub-pool the real_kv_* perturbations flip bytes in (window: a hybrid "
+                 "pool's sliding-window buffers, inside the row's window)",
+         off_value="any", no_effect=_needs_real_kv_perturbation),
     _probability("PERTURB_SEQ_LENS_PROB",
                  "one forward reads a copy of seq_lens with one live row's entry one larger "
                  "(its host mirror keeps the true value)"),

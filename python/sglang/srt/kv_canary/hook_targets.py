@@ -158,6 +158,15 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         purpose="budget one record per KV token inside the KV memory",
     ),
     HookSpec(
+        target="sglang.srt.model_executor.pool_configurator.HybridSWAPoolConfigurator"
+               ".__init__",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.model_runner:add_canary_bytes_to_swa_cell_size",
+        needed=_canary,
+        purpose="budget one record per full-attention token and the SWA owners inside the "
+                "hybrid pool's KV memory",
+    ),
+    HookSpec(
         target=f"{_KV_MIXIN}._profile_available_bytes",
         hook_type="after",
         adapter=f"{_ADAPTERS}.model_runner:reserve_fixed_bytes",

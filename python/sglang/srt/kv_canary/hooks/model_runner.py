@@ -8,7 +8,7 @@ from typing import Any
 from sglang.srt.kv_canary.config import get_active_config
 from sglang.srt.kv_canary.hook_registration import verify_hooks_applied
 from sglang.srt.kv_canary.runner.canary_runner import create_canary_runner, runner_of
-from sglang.srt.kv_canary.runner.memory_budget import per_token_bytes
+from sglang.srt.kv_canary.runner.memory_budget import hybrid_swa_token_bytes, per_token_bytes
 
 
 def before_initialize(model_runner: Any, *args: Any, **kwargs: Any) -> None:
@@ -49,6 +49,19 @@ def add_record_bytes_to_cell_size(cell_size: int, *args: Any, **kwargs: Any) -> 
     model_runner = args[1] if len(args) > 1 else kwargs["mr"]
     copies = 1 if model_runner.server_args.speculative_algorithm is None else 2
     return cell_size + copies * per_token_bytes()
+
+
+def add_canary_bytes_to_swa_cell_size(result: None, configurator: Any, *args: Any,
+                                      **kwargs: Any) -> None:
+    """AFTER ``HybridSWAPoolConfigurator.__init__(mr)``: its cell (bytes per full-attention
+    token) gains a record and the SWA owner bytes (:func:`hybrid_swa_token_bytes`). An all-SWA
+    model (no full layers) is refused when the canary attaches, so its cell is left alone."""
+    if configurator._full_layers_num == 0:
+        return
+    model_runner = args[0] if args else kwargs["mr"]
+    configurator._cell_size += hybrid_swa_token_bytes(
+        swa_full_tokens_ratio=model_runner.server_args.swa_full_tokens_ratio
+    )
 
 
 def reserve_fixed_bytes(available_bytes: int, model_runner: Any, *args: Any, **kwargs: Any) -> int:

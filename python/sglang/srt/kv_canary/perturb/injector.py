@@ -31,6 +31,7 @@ from sglang.srt.kv_canary.perturb.real_kv_unused_cache import RealKvUnusedCacheP
 from sglang.srt.kv_canary.perturb.real_kv_used import RealKvUsedPerturbation
 from sglang.srt.kv_canary.perturb.req_to_token import ReqToTokenPerturbation
 from sglang.srt.kv_canary.perturb.seq_lens import SeqLensPerturbation
+from sglang.srt.kv_canary.perturb.window_table import WindowTablePerturbation
 from sglang.srt.kv_canary.pools.seam import CanaryPool
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def build_fault_injector(
     ``vocab_size`` is the served model's (input tokens stay valid ids when perturbed).
     """
     kv_bytes = (
-        FingerprintedBytes(pool=pool, real_data=state.real_data)
+        FingerprintedBytes(pool=pool, real_data=state.real_data, sub_pool=config.kv_sub_pool)
         if config.real_kv_used_prob or config.real_kv_post_forward_prob
         or config.real_kv_unused_cache_prob
         else None
@@ -150,6 +151,18 @@ def build_fault_injector(
             config.real_kv_used_prob,
             RealKvUsedPerturbation(req_to_token=state.req_to_token, kv_bytes=kv_bytes),
         ))
+    if config.window_table_prob > 0:
+        if state.window is None:
+            raise ValueError(
+                f"SGLANG_KV_CANARY_PERTURB_WINDOW_TABLE_PROB={config.window_table_prob:g} needs "
+                f"a hybrid sliding-window pool, but the KV pool is {pool.kind}"
+            )
+        before.append((
+            config.window_table_prob,
+            WindowTablePerturbation(req_to_token=state.req_to_token,
+                                    slot_table=state.window.slot_table,
+                                    window=state.window.window),
+        ))
     if config.input_ids_prob > 0:
         before.append((config.input_ids_prob, InputIdsPerturbation(vocab_size=vocab_size)))
     if config.seq_lens_prob > 0:
@@ -163,7 +176,8 @@ def build_fault_injector(
         [(config.lost_write_prob, LostWritePerturbation())] if config.lost_write_prob > 0 else []
     )
     unused_cache = (
-        (config.real_kv_unused_cache_prob, RealKvUnusedCachePerturbation(kv_bytes=kv_bytes))
+        (config.real_kv_unused_cache_prob, RealKvUnusedCachePerturbation(kv_bytes=kv_bytes,
+                                                                     pool=pool))
         if config.real_kv_unused_cache_prob > 0
         else None
     )

@@ -3,7 +3,7 @@
 Models corruption of a cached prefix nobody reads right now (a stray write into a freed-looking
 page, a bad offload reload). The per-forward checks cannot see it; the radix sweep must
 (``check=sweep``, ``verify_real_kv_hash``). Injected when a sweep pass starts, into a leaf of
-the radix cache that no request holds (``lock_ref == 0``), and never undone: the slot stays
+the radix cache that no request holds (the pool seam lists them), and never undone: the slot stays
 corrupt until the cache evicts it.
 """
 
@@ -17,6 +17,7 @@ import torch
 from sglang.srt.kv_canary.perturb.fault import InjectedFault
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.perturb.live_rows import LiveRow
+from sglang.srt.kv_canary.pools.seam import CanaryPool
 
 
 def _keep(*_: object) -> None:
@@ -28,15 +29,12 @@ class RealKvUnusedCachePerturbation:
 
     kind = "real_kv_unused_cache"
 
-    def __init__(self, *, kv_bytes: FingerprintedBytes) -> None:
+    def __init__(self, *, kv_bytes: FingerprintedBytes, pool: CanaryPool) -> None:
         self._kv_bytes = kv_bytes
+        self._pool = pool
 
     def inject_into_cache(self, *, tree_cache: Any, rng: random.Random) -> InjectedFault | None:
-        leaves = sorted(
-            (leaf for leaf in tree_cache.evictable_leaves
-             if leaf.lock_ref == 0 and leaf.value is not None and len(leaf.value) > 0),
-            key=lambda leaf: leaf.id,
-        )
+        leaves = self._pool.unlocked_leaves(tree_cache)
         if not leaves:
             return None
         leaf = rng.choice(leaves)

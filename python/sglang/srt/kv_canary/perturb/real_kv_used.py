@@ -37,10 +37,11 @@ class RealKvUsedPerturbation:
         if not targets:
             return None
         target = rng.choice(targets)
-        position = rng.randrange(target.prefix_len)
+        position = rng.choice(self._kv_bytes.position_range(prefix_len=target.prefix_len))
         req_pool_index = forward_batch.req_pool_indices[target.row : target.row + 1].to(torch.int64)
         slot = self._req_to_token_flat.index_select(0, req_pool_index * self._row_len + position)
-        name, undo = self._kv_bytes.flip(slot=slot, rng=rng, due_at=(position, step))
+        name, undo = self._kv_bytes.flip(slot=slot, rng=rng, due_at=(position, step),
+                                         prefix_len=target.prefix_len)
         return InjectedFault(
             fault=self.kind, row=target, position=position, detail=f"buffer={name}", undo=undo
         )

@@ -1,9 +1,10 @@
 """The pool seam (:mod:`.seam`) and its implementations: :func:`canary_pool_for` picks the one for
 a model runner's pools or refuses them with the reason and what to change.
 
-Implementations: :class:`.mha.MHACanaryPool` (``MHATokenToKVPool``). Every other pool type is
-refused at start-up (:data:`POOL_ADVICE` says what to change); an issue that adds a pool type adds
-its implementation to :data:`CANARY_POOL_TYPES`, and nothing else in the runner changes.
+Implementations: :class:`.mha.MHACanaryPool` (``MHATokenToKVPool``) and
+:class:`.swa.SWACanaryPool` (the hybrid sliding-window ``SWAKVPool``). Every other pool type is
+refused at start-up (:data:`POOL_ADVICE` says what to change); a new pool type adds its
+implementation to :data:`CANARY_POOL_TYPES`, and nothing else in the runner changes.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError
 from sglang.srt.kv_canary.pools.mha import MHACanaryPool
 from sglang.srt.kv_canary.pools.seam import CanaryPool
+from sglang.srt.kv_canary.pools.swa import WINDOW_OWNER_BYTES, SWACanaryPool
 
-CANARY_POOL_TYPES = (MHACanaryPool,)
+CANARY_POOL_TYPES = (MHACanaryPool, SWACanaryPool)
 
 # Pool classes without an implementation yet, with what to change.
 POOL_ADVICE: dict[str, str] = {
@@ -21,7 +23,6 @@ POOL_ADVICE: dict[str, str] = {
     "MLATokenToKVPool": "MLA models (DeepSeek-style attention) are not supported yet",
     "MLATokenToKVPoolFP4": "MLA models (DeepSeek-style attention) are not supported yet",
     "NSATokenToKVPool": "NSA models (DeepSeek V3.2 attention) are not supported yet",
-    "SWAKVPool": "hybrid sliding-window models are not supported yet",
     "HybridLinearKVPool": "hybrid linear-attention / mamba models are not supported yet",
     "DeepSeekV4TokenToKVPool": "DeepSeek V4 models are not supported yet",
 }
@@ -37,6 +38,8 @@ def pool_refusals(*, req_to_token_pool: object, token_to_kv_pool: object) -> lis
         name = type(token_to_kv_pool).__name__
         covered = ", ".join(pool_type.kind for pool_type in CANARY_POOL_TYPES)
         advice = POOL_ADVICE.get(name, "only MHA models with the plain KV pool are supported")
+        if name == SWACanaryPool.kind:
+            advice = SWACanaryPool.refusal(token_to_kv_pool)
         reasons.append(
             f"the KV pool is {name}, but the canary covers {covered} only: {advice}"
         )
@@ -48,24 +51,37 @@ def pool_refusals(*, req_to_token_pool: object, token_to_kv_pool: object) -> lis
     return reasons
 
 
-def canary_pool_for(*, req_to_token_pool: object, token_to_kv_pool: object) -> CanaryPool:
-    """The :class:`~.seam.CanaryPool` of a model runner's pools.
+def canary_pool_for(
+    *, req_to_token_pool: object, token_to_kv_pool: object, sliding_window_size: int | None,
+) -> CanaryPool:
+    """The :class:`~.seam.CanaryPool` of a model runner's pools (``sliding_window_size``: the
+    model runner's, None without sliding-window layers).
 
     Raises:
-        CanaryUnsupportedError: :func:`pool_refusals` found a reason.
+        CanaryUnsupportedError: :func:`pool_refusals` found a reason, or the hybrid pool has no
+            sliding window or no SWA mapping.
     """
     reasons = pool_refusals(req_to_token_pool=req_to_token_pool,
                             token_to_kv_pool=token_to_kv_pool)
     if reasons:
         raise CanaryUnsupportedError(reasons)
     pool_type = next(t for t in CANARY_POOL_TYPES if t.accepts(token_to_kv_pool))
-    return pool_type(token_to_kv_pool)
+    try:
+        return pool_type.build(token_to_kv_pool, sliding_window_size=sliding_window_size)
+    except ValueError as error:
+        raise CanaryUnsupportedError([str(error)]) from error
 
 
 def record_bytes_per_kv_token() -> int:
     """Record bytes per KV token of the pools SGLang sizes with its ``DefaultPoolConfigurator``
     (the MHA pool): what the memory hook adds to the cell size before the pool exists."""
     return MHACanaryPool.record_bytes_per_token()
+
+
+def window_bytes_per_swa_token() -> int:
+    """Canary bytes per token of a hybrid pool's sliding-window sub-pool (its owner table),
+    added to that pool's cell size with SGLang's SWA-to-full token ratio."""
+    return WINDOW_OWNER_BYTES
 
 
 def extra_record_rows(*, page_size: int) -> int:

@@ -36,6 +36,11 @@ class MHACanaryPool:
             )
         self._pool = kv_pool
 
+    @classmethod
+    def build(cls, kv_pool: object, *, sliding_window_size: int | None) -> MHACanaryPool:
+        """The canary view of ``kv_pool`` (the sliding window plays no part)."""
+        return cls(kv_pool)
+
     @staticmethod
     def accepts(kv_pool: object) -> bool:
         """Whether ``kv_pool`` is an ``MHATokenToKVPool`` (not a subclass)."""
@@ -73,6 +78,9 @@ class MHACanaryPool:
                                              buffer=self._pool.v_buffer[layer]))
         return tuple(buffers)
 
+    def window_spec(self) -> None:
+        return None
+
     def sweep_refusal(self, tree_cache: object) -> str | None:
         from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -91,6 +99,13 @@ class MHACanaryPool:
 
     def cached_record_slots(self, node_value: torch.Tensor) -> torch.Tensor:
         return node_value.to(device=self.device, dtype=torch.int64)
+
+    def unlocked_leaves(self, tree_cache: object) -> list:
+        return sorted(
+            (leaf for leaf in tree_cache.evictable_leaves
+             if leaf.lock_ref == 0 and leaf.value is not None and len(leaf.value) > 0),
+            key=lambda leaf: leaf.id,
+        )
 
     def describe(self) -> str:
         layers = self.fingerprinted_layers()

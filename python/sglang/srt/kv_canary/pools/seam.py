@@ -12,8 +12,10 @@ What an implementation provides:
 * **record slots**: how many rows the records tensor has (every slot SGLang may hand out, its
   padding slot 0 included), and the :class:`SlotMapping` from a KV slot to its record slot;
 * **real-data sources**: the pool buffers whose bytes a slot's fingerprint folds, one
-  :class:`FingerprintBuffer` each (views of SGLang's buffers, row = record slot), and the same
-  buffers are the ones the real-data faults flip;
+  :class:`FingerprintBuffer` each (views of SGLang's buffers, row = record slot, or window slot
+  for a windowed buffer), and the same buffers are the ones the real-data faults flip;
+* **window slots** (a hybrid pool): the :class:`WindowSpec` of a second sub-pool whose slots a
+  table maps from the record slots and which a row needs only over its attention window;
 * **sweep enumeration**: which prefix caches the radix sweep can walk over this pool, and the
   record slots of one cached node's KV indices;
 * **memory**: the bytes the records add per KV token (added to SGLang's cell size before the
@@ -40,11 +42,13 @@ class SlotMapping(enum.Enum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FingerprintBuffer:
     """One pool buffer the real-data fingerprint reads: ``buffer[s]`` holds the bytes of record
-    slot ``s`` (any trailing shape; each slot's bytes contiguous). ``name`` appears in logs and in
-    the real-data faults' lines (e.g. ``layer 0 K``)."""
+    slot ``s`` (any trailing shape; each slot's bytes contiguous), or with ``windowed`` of window
+    slot ``s`` (:class:`WindowSpec`). ``name`` appears in logs and in the real-data faults' lines
+    (e.g. ``layer 0 K``)."""
 
     name: str
     buffer: torch.Tensor
+    windowed: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.buffer, torch.Tensor) or self.buffer.dim() < 2:
@@ -57,6 +61,31 @@ class FingerprintBuffer:
     def slot_bytes(self) -> int:
         """Bytes of one slot's row."""
         return self.buffer[0].numel() * self.buffer.element_size()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowSpec:
+    """The window slots of a hybrid pool: ``slot_table`` (int64, SGLang's own mapping, not a
+    copy) maps a record slot to its window slot (a value outside ``[1, num_window_slots)``: none);
+    a row with prefix length ``P`` needs window slots at positions ``p >= P - window``."""
+
+    slot_table: torch.Tensor
+    num_window_slots: int
+    window: int
+
+    def __post_init__(self) -> None:
+        table = self.slot_table
+        if not isinstance(table, torch.Tensor) or table.dtype != torch.int64 or table.dim() != 1:
+            raise ValueError(
+                f"WindowSpec.slot_table must be a 1-D int64 tensor, got "
+                f"{getattr(table, 'dtype', type(table))} {tuple(getattr(table, 'shape', ()))}"
+            )
+        if self.num_window_slots < 2:
+            raise ValueError(
+                f"WindowSpec.num_window_slots must be >= 2, got {self.num_window_slots}"
+            )
+        if self.window < 0:
+            raise ValueError(f"WindowSpec.window must be >= 0, got {self.window}")
 
 
 class CanaryPool(Protocol):
@@ -83,11 +112,18 @@ class CanaryPool(Protocol):
         """The buffers the real-data fingerprint folds, in a fixed order (at most
         ``MAX_REAL_DATA_SOURCES``)."""
 
+    def window_spec(self) -> WindowSpec | None:
+        """The pool's window slots, or None (one slot space)."""
+
     def sweep_refusal(self, tree_cache: object) -> str | None:
         """Why the radix sweep cannot walk ``tree_cache`` over this pool (None when it can)."""
 
     def cached_record_slots(self, node_value: torch.Tensor) -> torch.Tensor:
         """The record slots (int64, on :attr:`device`) of one prefix-cache node's KV indices."""
+
+    def unlocked_leaves(self, tree_cache: object) -> list:
+        """The prefix cache's leaves no request holds (KV no live request reads), by node id;
+        for the unused-cache fault."""
 
     def describe(self) -> str:
         """One phrase for the start-up line (pool type, slots, what real data reads)."""

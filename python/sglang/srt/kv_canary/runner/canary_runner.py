@@ -334,8 +334,9 @@ class CanaryRunner:
         state = self.state
         speculative = {} if self.speculative is None else self.speculative.device_bytes
         checks = {} if self.token_checks is None else self.token_checks.device_bytes
+        window_owners = 0 if state.window is None else size(state.window.owners)
         return {
-            "records": size(state.records),
+            "records": size(state.records) + window_owners,
             "ring": size(state.ring),
             "counters": size(state.counters),
             "owner_chains": size(state.owner_chains) + speculative.get("owner_chains", 0),

@@ -83,6 +83,7 @@ def build_pool_components(
     pool = canary_pool_for(
         req_to_token_pool=model_runner.req_to_token_pool,
         token_to_kv_pool=model_runner.token_to_kv_pool,
+        sliding_window_size=getattr(model_runner, "sliding_window_size", None),
     )
     state = allocate_device_state(config=config, pool=pool, req_to_token=req_to_token)
     rows, columns = req_to_token.shape

@@ -2,14 +2,15 @@
 
 The records get one row per record slot (:attr:`~..pools.seam.CanaryPool.num_record_slots`);
 the real-data fingerprint reads the pool's fingerprint buffers (views of SGLang's buffers, never
-copies). Nothing here knows a pool type.
+copies); a pool with window slots (:meth:`~..pools.seam.CanaryPool.window_spec`) gets an owner
+table of one int64 per window slot beside SGLang's mapping. Nothing here knows a pool type.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
+from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState, SlotWindow
 from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError
 from sglang.srt.kv_canary.pools.real_data import real_data_sources
@@ -40,4 +41,21 @@ def allocate_device_state(
             req_to_token=req_to_token,
             ring_capacity=config.ring_capacity,
             real_data=sources,
+            window=_slot_window(pool=pool, device=req_to_token.device),
         )
+
+
+def _slot_window(*, pool: CanaryPool, device: torch.device) -> SlotWindow | None:
+    """The window slots of ``pool`` with a zeroed owner table, or None."""
+    spec = pool.window_spec()
+    if spec is None:
+        return None
+    windowed = 0
+    for index, source in enumerate(pool.fingerprint_buffers()):
+        windowed |= int(source.windowed) << index
+    return SlotWindow(
+        slot_table=spec.slot_table,
+        owners=torch.zeros(spec.num_window_slots, dtype=torch.int64, device=device),
+        window=spec.window,
+        windowed_sources=windowed,
+    )

@@ -5,7 +5,9 @@ SGLang 0.5.12 sizes the KV pool as ``max_total_num_tokens = available_bytes // c
 budgeted in two parts, so KV + canary stays within ``--mem-fraction-static``:
 
 * per token: the pool seam's record bytes per KV token are added to the KV cell size (the
-  records scale with the pool);
+  records scale with the pool); a hybrid sliding-window pool (``HybridSWAPoolConfigurator``,
+  whose cell is per full-attention token) gets a record per full token plus the SWA sub-pool's
+  owner bytes scaled by SGLang's SWA-to-full token ratio (:func:`hybrid_swa_token_bytes`);
 * fixed: everything else (:class:`FixedBuffers`) is subtracted from the profiled available
   bytes before the pool is sized. Its sizes depend on ``req_to_token``'s shape, which does not
   exist yet at that point, so they are bounded from the same inputs SGLang uses to size it
@@ -21,7 +23,11 @@ from typing import Any
 
 from sglang.jit_kernel.kv_canary.consts import NUM_COUNTERS, RECORD_BYTES, RING_ROW_FIELDS
 from sglang.srt.kv_canary.config import CanaryConfig
-from sglang.srt.kv_canary.pools import extra_record_rows, record_bytes_per_kv_token
+from sglang.srt.kv_canary.pools import (
+    extra_record_rows,
+    record_bytes_per_kv_token,
+    window_bytes_per_swa_token,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +74,13 @@ class FixedBuffers:
 def per_token_bytes() -> int:
     """Bytes per pool token (added to the KV cell size): the pool seam's record bytes."""
     return record_bytes_per_kv_token()
+
+
+def hybrid_swa_token_bytes(*, swa_full_tokens_ratio: float) -> float:
+    """Bytes per full-attention token of a hybrid sliding-window pool (added to its cell size):
+    a record, and the owner bytes of the ``swa_full_tokens_ratio`` SWA tokens SGLang sizes per
+    full token."""
+    return record_bytes_per_kv_token() + swa_full_tokens_ratio * window_bytes_per_swa_token()
 
 
 def fixed_buffers(
@@ -217,10 +230,16 @@ class MemoryBudget:
             reserved += fixed.total - fixed.write_expectations
             records *= 2
             draft = " (target and EAGLE draft canaries)"
+        per_token = f"{records} B per token added to the KV cell size for the records"
+        if getattr(model_runner.model_config, "is_hybrid_swa", False):
+            hybrid = hybrid_swa_token_bytes(
+                swa_full_tokens_ratio=model_runner.server_args.swa_full_tokens_ratio
+            )
+            per_token = (f"{hybrid:g} B per full-attention token added to the hybrid pool's "
+                         "cell size for the records and the SWA owners")
         logger.info(
             f"KV canary memory budget: {available_bytes} B profiled for the KV pool, "
-            f"{reserved} B reserved for the canary's fixed buffers, {records} B "
-            f"per token added to the KV cell size for the records{draft}"
+            f"{reserved} B reserved for the canary's fixed buffers, {per_token}{draft}"
         )
         return available_bytes - reserved
 
@@ -231,7 +250,8 @@ class MemoryBudget:
         fixed = sum(allocated.values()) - allocated["records"]
         logger.info(
             f"KV canary device memory: {sum(allocated.values())} B allocated = records "
-            f"{allocated['records']} B ({RECORD_BYTES} B per slot, taken from the KV cell size) + "
+            f"{allocated['records']} B ({RECORD_BYTES} B per slot, and a hybrid pool's window "
+            "owners, taken from the KV cell size) + "
             f"fixed buffers {fixed} B (reserved {reserved.total} B: "
             + ", ".join(f"{name} {value}" for name, value in allocated.items()
                         if name != "records")

@@ -24,7 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
-from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, PerturbConfig, RealDataMode
+from sglang.srt.kv_canary.config import (
+    CanaryConfig,
+    CanaryMode,
+    KvSubPool,
+    PerturbConfig,
+    RealDataMode,
+)
 from sglang.srt.kv_canary.hooks.model_runner import around_forward
 from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX, CanaryHealthError
 from sglang.srt.kv_canary.hook_targets import select_hook_specs
@@ -71,6 +77,7 @@ _WRITE = frozenset({CheckKind.WRITE})
 _STOP_AT_STEP = 10  # the "canary path stopped" scenario removes the wrapper after this step
 _WARMUP_STEPS = 6
 _SEED = 1234
+_SLIDING_WINDOW = 6  # the hybrid-pool scenarios' window: shorter than most prompts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +102,7 @@ class Scenario:
     # from that step on (not one step earlier).
     bug: Callable[..., SeededBug] | None = None
     detecting_checks: frozenset[CheckKind] | None = None  # checks a catching row comes from
+    sliding_window: int | None = None  # run SGLang's hybrid SWA pool with this window
 
 
 @dataclass(slots=True, kw_only=True)
@@ -120,9 +128,9 @@ def _base_config(*, real_data: RealDataMode, mode: CanaryMode = CanaryMode.LOG) 
     )
 
 
-def _perturbed(config: CanaryConfig, **probabilities: float) -> CanaryConfig:
+def _perturbed(config: CanaryConfig, **settings: float | KvSubPool) -> CanaryConfig:
     return replace(
-        config, perturb=PerturbConfig(warmup_steps=_WARMUP_STEPS, seed=_SEED, **probabilities)
+        config, perturb=PerturbConfig(warmup_steps=_WARMUP_STEPS, seed=_SEED, **settings)
     )
 
 
@@ -203,6 +211,50 @@ def default_scenarios() -> list[Scenario]:
         Scenario(name="canary path stopped mid-run", config=partial, stop_canary=True),
         *_token_check_scenarios(partial),
         *bug_scenarios(),
+        *swa_scenarios(),
+    ]
+
+
+def swa_scenarios() -> list[Scenario]:
+    """The hybrid sliding-window pool (``SWAKVPool``): clean runs whose windows slide (SWA slots
+    freed and reused), a full-pool mapping fault, a sliding-window mapping fault, and K/V flips
+    in either sub-pool (``all``: every position's full-pool bytes and every in-window position's
+    SWA bytes are verified in each forward)."""
+    swa = {"sliding_window": _SLIDING_WINDOW}
+    partial = _base_config(real_data=RealDataMode.PARTIAL)
+    every = _base_config(real_data=RealDataMode.ALL)
+    position_or_chain = int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN | Reason.VERIFY_OWNER)
+    return [
+        Scenario(name="swa pool: clean run, real_data=partial", config=partial, **swa),
+        Scenario(name="swa pool: clean run, real_data=all", config=every, **swa),
+        Scenario(name="swa pool: clean run, verify_token + write_input",
+                 config=_with_token_checks(partial, write_input=True), **swa),
+        Scenario(
+            name="swa pool: req_to_token fault",
+            config=_perturbed(partial, req_to_token_prob=1.0),
+            must_detect=int(Reason.VERIFY_POSITION),
+            # the foreign slot's window slot belongs to it (or was freed behind its window)
+            allowed_reasons=position_or_chain | int(Reason.VERIFY_WINDOW_OWNER
+                                                    | Reason.VERIFY_WINDOW_UNMAPPED),
+            **swa,
+        ),
+        Scenario(
+            name="swa pool: window_table fault",
+            config=_perturbed(partial, window_table_prob=1.0),
+            must_detect=int(Reason.VERIFY_WINDOW_OWNER),
+            allowed_reasons=int(Reason.VERIFY_WINDOW_OWNER | Reason.VERIFY_REAL_KV),
+            **swa,
+        ),
+        *(
+            Scenario(
+                name=f"swa pool: real_kv_used fault, {sub_pool.value} sub-pool, real_data=all",
+                config=_perturbed(every, real_kv_used_prob=1.0, kv_sub_pool=sub_pool),
+                must_detect=int(Reason.VERIFY_REAL_KV),
+                allowed_reasons=int(Reason.VERIFY_REAL_KV),
+                **swa,
+            )
+            for sub_pool in (KvSubPool.FULL, KvSubPool.WINDOW)
+        ),
     ]
 
 
@@ -408,6 +460,7 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
         bug=None if scenario.bug is None else scenario.bug(
             warmup_steps=_WARMUP_STEPS, seed=_SEED
         ),
+        sliding_window=scenario.sliding_window,
     )
     error: Exception | None = None
     with _LogCapture() as capture:

@@ -22,6 +22,12 @@ maps or writes, never undoes it, and reports each fault with :meth:`SimulatedSer
 Page references stay sound whatever a bug does: a request holds a reference on every page its
 ``req_to_token`` row points into (``pages`` and ``extra_pages``), so no page is reallocated
 under a reader and a fault's effects stay those of the bug itself.
+
+With ``sliding_window`` the server runs SGLang's hybrid pool instead: ``SWAKVPool`` (layer 0
+sliding-window, layer 1 full attention) and ``SWATokenToKVPoolAllocator``; before each decode
+step it frees the SWA slots of each request's positions a page and more before the window (as
+``ScheduleBatch._evict_swa``, never in a prefix it shares), and a prefix match keeps only pages
+whose last window still has its SWA slots (as ``SWARadixCache.match_prefix``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from sglang.srt.kv_canary.batch.carrier import attach_batch_inputs, batch_inputs
 from sglang.srt.kv_canary.token_oracle.request_ids import RID_PAD_VALUE, ROOM_PAD_VALUE
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
 from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
@@ -73,9 +80,17 @@ class TinyModel(torch.nn.Module):
         base = (input_ids.to(torch.int64) * 131 + positions.to(torch.int64) * 7)[:, None, None]
         lanes = torch.arange(_HEAD_NUM * _HEAD_DIM, dtype=torch.int64).view(1, _HEAD_NUM, _HEAD_DIM)
         values = ((base + lanes) % 251).to(pool.dtype) / 8
+        loc = forward_batch.out_cache_loc
         for layer in range(pool.layer_num):
-            pool.k_buffer[layer][forward_batch.out_cache_loc] = values
-            pool.v_buffer[layer][forward_batch.out_cache_loc] = -values
+            if isinstance(pool, SWAKVPool):  # each layer in its sub-pool, SWA through the map
+                index, sliding = pool.layers_mapping[layer]
+                target = pool.swa_kv_pool if sliding else pool.full_kv_pool
+                rows = pool.full_to_swa_index_mapping[loc] if sliding else loc
+                target.k_buffer[index][rows] = values
+                target.v_buffer[index][rows] = -values
+            else:
+                pool.k_buffer[layer][loc] = values
+                pool.v_buffer[layer][loc] = -values
         if self.after_store is not None:
             self.after_store()
         return values.sum()
@@ -111,8 +126,9 @@ class SimulatedModelRunner:
         self,
         *,
         req_to_token_pool: ReqToTokenPool,
-        token_to_kv_pool: MHATokenToKVPool,
+        token_to_kv_pool: MHATokenToKVPool | SWAKVPool,
         max_running_requests: int,
+        sliding_window_size: int | None = None,
     ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
@@ -124,6 +140,7 @@ class SimulatedModelRunner:
         self.is_draft_worker = False
         self.page_size = token_to_kv_pool.page_size
         self.dp_size = 1
+        self.sliding_window_size = sliding_window_size
 
     def forward(self, forward_batch: ForwardBatch) -> Any:
         """What ``ModelRunner.forward`` does for these batches: call ``model.forward`` (on the
@@ -193,6 +210,8 @@ class SimulatedRequest:
     # req_to_token row); released when it finishes.
     extra_pages: list[int] = field(default_factory=list)
     cacheable: bool = True  # False: a bug made its KV or mapping differ from its tokens
+    shared_len: int = 0  # positions shared from the prefix cache at admission
+    swa_freed_len: int = 0  # hybrid pool: positions whose SWA slots were freed
     group: str | None = None  # parallel sampling (n > 1): the requests of one prompt
     retraction_count: int = 0  # as SGLang's Req (read by the token-history snapshot)
     bootstrap_room: int | None = None  # as SGLang's Req (read by the request-id hook)
@@ -336,39 +355,55 @@ class SimulatedServer:
         hooks: ServerHooks = ServerHooks(),
         sampler: Sampler | None = None,
         bug: ServerBug | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         self.page_size = page_size
+        self.sliding_window = sliding_window
         self.req_to_token_pool = ReqToTokenPool(
             size=max_requests,
             max_context_len=max_context_len,
             device="cpu",
             enable_memory_saver=False,
         )
-        self.kv_pool = MHATokenToKVPool(
-            num_pages * page_size,
-            page_size=page_size,
-            dtype=torch.bfloat16,
-            head_num=_HEAD_NUM,
-            head_dim=_HEAD_DIM,
-            layer_num=_LAYER_NUM,
-            device="cpu",
-            enable_memory_saver=False,
-            enable_alt_stream=False,
-        )
-        allocator_args = dict(
-            dtype=torch.bfloat16, device="cpu", kvcache=self.kv_pool, need_sort=False
-        )
-        self.allocator = (
-            TokenToKVPoolAllocator(num_pages, **allocator_args)
-            if page_size == 1
-            else PagedTokenToKVPoolAllocator(
-                num_pages * page_size, page_size=page_size, **allocator_args
+        if sliding_window is None:
+            self.kv_pool = MHATokenToKVPool(
+                num_pages * page_size,
+                page_size=page_size,
+                dtype=torch.bfloat16,
+                head_num=_HEAD_NUM,
+                head_dim=_HEAD_DIM,
+                layer_num=_LAYER_NUM,
+                device="cpu",
+                enable_memory_saver=False,
+                enable_alt_stream=False,
             )
-        )
+            allocator_args = dict(
+                dtype=torch.bfloat16, device="cpu", kvcache=self.kv_pool, need_sort=False
+            )
+            self.allocator = (
+                TokenToKVPoolAllocator(num_pages, **allocator_args)
+                if page_size == 1
+                else PagedTokenToKVPoolAllocator(
+                    num_pages * page_size, page_size=page_size, **allocator_args
+                )
+            )
+        else:  # both sub-pools as large: the workload never runs out of SWA slots
+            size = num_pages * page_size
+            self.kv_pool = SWAKVPool(
+                size=size, size_swa=size, page_size=page_size, dtype=torch.bfloat16,
+                head_num=_HEAD_NUM, head_dim=_HEAD_DIM, swa_attention_layer_ids=[0],
+                full_attention_layer_ids=[1], enable_kvcache_transpose=False, device="cpu",
+                enable_memory_saver=False, enable_alt_stream=False,
+            )
+            self.allocator = SWATokenToKVPoolAllocator(
+                size=size, size_swa=size, page_size=page_size, dtype=torch.bfloat16,
+                device="cpu", kvcache=self.kv_pool, need_sort=False,
+            )
         self.runner = SimulatedModelRunner(
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.kv_pool,
             max_running_requests=max_requests,
+            sliding_window_size=sliding_window,
         )
         self.forward = forward
         self.hooks = hooks
@@ -397,6 +432,7 @@ class SimulatedServer:
             self._page_refs[page] += 1
         request.pages = list(match.pages)
         request.kv_len = len(match.pages) * self.page_size
+        request.shared_len = request.swa_freed_len = request.kv_len
         self.bug.after_admit(server=self, request=request)
         if request.kv_len:
             slots = [self._slot(request, p) for p in range(request.kv_len)]
@@ -492,9 +528,35 @@ class SimulatedServer:
             while common < min(len(key), len(prompt)) and key[common] == prompt[common]:
                 common += 1
             usable = min(common // self.page_size, limit, len(pages))
+            while usable and not self._window_live(pages[:usable]):
+                usable -= 1
             if usable > len(best.pages):
                 best = PrefixMatch(pages=pages[:usable], key=key, common=common)
         return best
+
+    def _window_live(self, pages: Sequence[int]) -> bool:
+        """Hybrid pool: whether the last window of the prefix ``pages`` hold still has its SWA
+        slots (always, on a plain pool)."""
+        if self.sliding_window is None:
+            return True
+        end = len(pages) * self.page_size
+        start = max(0, end - self.sliding_window)
+        slots = [pages[p // self.page_size] + p % self.page_size for p in range(start, end)]
+        mapping = self.allocator.full_to_swa_index_mapping
+        return bool((mapping[torch.tensor(slots, dtype=torch.int64)] > 0).all()) if slots else True
+
+    def _free_out_of_window(self, request: SimulatedRequest) -> None:
+        """Hybrid pool: free the SWA slots of the request's own positions a page and more
+        before its window (``ScheduleBatch._evict_swa``), page-aligned."""
+        if self.sliding_window is None:
+            return
+        frontier = request.kv_len - self.sliding_window - self.page_size
+        frontier -= frontier % self.page_size
+        if frontier <= request.swa_freed_len:
+            return
+        slots = [self._slot(request, p) for p in range(request.swa_freed_len, frontier)]
+        self.allocator.free_swa(torch.tensor(slots, dtype=torch.int64))
+        request.swa_freed_len = frontier
 
     def _slot(self, request: SimulatedRequest, position: int) -> int:
         while len(request.pages) <= position // self.page_size:
@@ -505,7 +567,7 @@ class SimulatedServer:
         """A free page (evicting the oldest cached prefixes as needed), with one reference held
         by the caller."""
         while True:
-            slots = self.allocator.alloc(self.page_size)
+            slots = self._alloc_slots()
             if slots is not None:
                 page = int(slots[0])
                 self._page_refs[page] = 1
@@ -516,6 +578,19 @@ class SimulatedServer:
             self.evictions += 1
             for page in pages:
                 self._release(page)
+
+    def _alloc_slots(self) -> torch.Tensor | None:
+        """One page of slots (hybrid pool: full and SWA, mapped), or None when none is free."""
+        if self.sliding_window is None:
+            return self.allocator.alloc(self.page_size)
+        full = self.allocator.full_attn_allocator.alloc(self.page_size)
+        if full is None:
+            return None
+        swa = self.allocator.swa_attn_allocator.alloc(self.page_size)
+        if swa is None:
+            raise RuntimeError("simulation: the SWA sub-pool is exhausted")
+        self.allocator.full_to_swa_index_mapping[full] = swa
+        return full
 
     def _release(self, page: int) -> None:
         self._page_refs[page] -= 1
@@ -581,6 +656,8 @@ class SimulatedServer:
         the position and slot of its :class:`DecodeSlot` (after the bug's plan); its ``kv_len``
         becomes that position + 1."""
         self.batch = list(requests)
+        for request in requests:
+            self._free_out_of_window(request)
         self.bug.before_decode(server=self, requests=self.batch)
         plan = [
             DecodeSlot(request=r, position=r.kv_len, slot=self._write_slots(r, [r.kv_len])[0])
@@ -747,9 +824,11 @@ def default_server(
     hooks: ServerHooks = ServerHooks(),
     sampler: Sampler | None = None,
     bug: ServerBug | None = None,
+    sliding_window: int | None = None,
 ) -> SimulatedServer:
-    """The pool sizes :func:`run_mixed_workload` is written for (small: eviction and reuse)."""
+    """The pool sizes :func:`run_mixed_workload` is written for (small: eviction and reuse);
+    ``sliding_window``: SGLang's hybrid pool with that window instead of the MHA pool."""
     return SimulatedServer(
         page_size=page_size, num_pages=40, max_requests=12, max_context_len=128, forward=forward,
-        hooks=hooks, sampler=sampler, bug=bug,
+        hooks=hooks, sampler=sampler, bug=bug, sliding_window=sliding_window,
     )

@@ -11,8 +11,14 @@ and takes well under a second.
 layer) whose hidden size, vocabulary and context length match a target directory, for
 ``--speculative-algorithm EAGLE --speculative-draft-model-path``.
 
+:func:`make_tiny_gpt_oss` writes an unquantized ``GptOssForCausalLM`` (MoE, attention sinks,
+layers alternating sliding-window / full attention) with the same tokenizer, which SGLang serves
+on its hybrid sliding-window KV pool (``SWAKVPool``, ``SWATokenToKVPoolAllocator``,
+``SWARadixCache``).
+
 CLI: ``python -m sglang.srt.kv_canary.tools.tiny_model DIR [--draft DRAFT_DIR] [--architecture
-llama|qwen3] [--num-layers N] ...``
+llama|qwen3|gpt_oss] [--num-layers N] [--sliding-window W] ...`` (``--draft`` with llama and
+qwen3 only).
 """
 
 from __future__ import annotations
@@ -26,6 +32,16 @@ from collections.abc import Iterator, Sequence
 
 TARGET_ARCHITECTURES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 EAGLE_DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle"
+GPT_OSS_ARCHITECTURE = "GptOssForCausalLM"
+GPT_OSS_HEAD_DIM = 64  # openai/gpt-oss-20b's; 64 is one of the sizes SGLang's CUDA RoPE kernel takes
+# The RoPE of openai/gpt-oss-20b, verbatim: its YaRN cache covers 4096 * 32 positions.
+GPT_OSS_ROPE_THETA = 150000.0
+GPT_OSS_ROPE_SCALING: dict[str, object] = {
+    "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+    "truncate": False, "original_max_position_embeddings": 4096,
+}
+GPT_OSS_MAX_POSITIONS = 4096 * 32
+GPT_OSS_SWIGLU_LIMIT = 7.0
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
 SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, "<|im_start|>", "<|im_end|>")
@@ -237,6 +253,120 @@ def make_tiny_eagle_draft(
     return root
 
 
+def make_tiny_gpt_oss(
+    *,
+    directory: pathlib.Path | str,
+    num_layers: int = 4,
+    hidden_size: int = 256,
+    num_attention_heads: int = 8,
+    num_key_value_heads: int = 4,
+    num_local_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    intermediate_size: int = 256,
+    sliding_window: int = 128,
+    vocab_size: int = 4096,
+    max_position_embeddings: int = 4096,
+) -> pathlib.Path:
+    """Write a tiny unquantized GPT-OSS model directory (created if missing; our files
+    overwritten), for SGLang's hybrid sliding-window KV pool.
+
+    ``config.json`` is ``GptOssForCausalLM`` / ``gpt_oss`` in the layout of openai/gpt-oss-20b
+    without its ``quantization_config``: bf16 everywhere, so the experts run unquantized (serve
+    with ``--moe-runner-backend triton`` for SGLang's own triton fused MoE; ``auto`` picks the
+    ``triton_kernels`` package where it is installed). Every layer is MoE with router and
+    expert biases and SwiGLU clamped at :data:`GPT_OSS_SWIGLU_LIMIT`; attention has q/k/v/o
+    biases, learned sinks, head_dim :data:`GPT_OSS_HEAD_DIM` and openai/gpt-oss-20b's YaRN RoPE.
+    Layer ``i`` is ``"sliding_attention"`` for even ``i`` and ``"full_attention"`` for odd ``i``,
+    so SGLang's ``ModelConfig`` reports ``is_hybrid_swa`` (unless ``--disable-hybrid-swa-memory``)
+    with SWA layer ids ``[0, 2, ...]`` and full layer ids ``[1, 3, ...]``. The tokenizer files
+    are those :func:`make_tiny_model` writes for the same ``vocab_size`` and
+    ``max_position_embeddings``. Serve with ``--load-format dummy --attention-backend triton``.
+
+    Args:
+        num_layers: at least 2, so that both kinds of layer exist.
+        hidden_size: the residual width (independent of heads x head_dim, as in GPT-OSS).
+        num_key_value_heads: divides ``num_attention_heads`` (GQA).
+        num_experts_per_tok: the router's top-k, at most ``num_local_experts``.
+        intermediate_size: each expert's width (its gate_up projection is twice that).
+        sliding_window: the HF window, which counts the current token: a query at position q
+            attends to keys in [q - sliding_window + 1, q]. SGLang's
+            ``get_attention_sliding_window_size`` (and so ``ModelRunner.sliding_window_size``)
+            is ``sliding_window - 1``. At least 2, at most ``max_position_embeddings``.
+        vocab_size: as for :func:`make_tiny_model`.
+        max_position_embeddings: the context length SGLang derives, at most
+            :data:`GPT_OSS_MAX_POSITIONS` (what the YaRN cache covers).
+
+    Returns:
+        The directory, resolved.
+
+    Raises:
+        ValueError: an argument is out of range (the message names it and what is allowed).
+    """
+    _require_positive(num_layers=num_layers, hidden_size=hidden_size,
+                      num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads,
+                      num_local_experts=num_local_experts,
+                      num_experts_per_tok=num_experts_per_tok,
+                      intermediate_size=intermediate_size, sliding_window=sliding_window,
+                      max_position_embeddings=max_position_embeddings)
+    if num_layers < 2:
+        raise ValueError(f"num_layers={num_layers} is invalid; allowed: an integer >= 2 (one "
+                         "sliding-window and one full-attention layer at least)")
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(f"num_key_value_heads={num_key_value_heads} is invalid; allowed: a "
+                         f"divisor of num_attention_heads={num_attention_heads}")
+    if num_experts_per_tok > num_local_experts:
+        raise ValueError(f"num_experts_per_tok={num_experts_per_tok} is invalid; allowed: at "
+                         f"most num_local_experts={num_local_experts}")
+    if max_position_embeddings > GPT_OSS_MAX_POSITIONS:
+        raise ValueError(f"max_position_embeddings={max_position_embeddings} is invalid; "
+                         f"allowed: at most {GPT_OSS_MAX_POSITIONS}")
+    if not 2 <= sliding_window <= max_position_embeddings:
+        raise ValueError(f"sliding_window={sliding_window} is invalid; allowed: an integer in "
+                         f"[2, max_position_embeddings={max_position_embeddings}]")
+    if not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size={vocab_size!r} is invalid; allowed: an integer in "
+                         f"[{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
+
+    root = pathlib.Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(directory=root, vocab_size=vocab_size, max_length=max_position_embeddings)
+    config: dict[str, object] = {
+        "architectures": [GPT_OSS_ARCHITECTURE],
+        "model_type": "gpt_oss",
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "layer_types": [("sliding_attention", "full_attention")[i % 2]
+                        for i in range(num_layers)],
+        "sliding_window": sliding_window,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": GPT_OSS_HEAD_DIM,
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "num_local_experts": num_local_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "swiglu_limit": GPT_OSS_SWIGLU_LIMIT,
+        "router_aux_loss_coef": 0.9,
+        "output_router_logits": False,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": GPT_OSS_ROPE_THETA,
+        "rope_scaling": dict(GPT_OSS_ROPE_SCALING),
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "torch_dtype": "bfloat16",
+        "initializer_range": 0.02,
+        "use_cache": True,
+        **_special_ids(),
+    }
+    _write_json(root / "config.json", config)
+    _write_json(root / "generation_config.json", {**_special_ids(), "do_sample": False})
+    return root
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sglang.srt.kv_canary.tools.tiny_model",
@@ -245,22 +375,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", type=pathlib.Path, help="the target model directory")
     parser.add_argument("--draft", type=pathlib.Path, metavar="DRAFT_DIR",
                         help="also write an EAGLE draft model for it here")
-    parser.add_argument("--architecture", choices=sorted(TARGET_ARCHITECTURES), default="llama")
+    parser.add_argument("--architecture", choices=sorted([*TARGET_ARCHITECTURES, "gpt_oss"]),
+                        default="llama")
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
-    parser.add_argument("--num-key-value-heads", type=int, default=2)
+    parser.add_argument("--num-attention-heads", type=int,
+                        help="default: 4 (llama, qwen3) or 8 (gpt_oss)")
+    parser.add_argument("--num-key-value-heads", type=int,
+                        help="default: 2 (llama, qwen3) or 4 (gpt_oss)")
+    parser.add_argument("--sliding-window", type=int, default=128, help="gpt_oss only")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--max-position-embeddings", type=int, default=4096)
     options = parser.parse_args(argv)
+    gpt_oss = options.architecture == "gpt_oss"
+    if gpt_oss and options.draft is not None:
+        parser.error("--draft is for llama and qwen3 targets only")
+    heads = options.num_attention_heads
+    heads = (8 if gpt_oss else 4) if heads is None else heads
+    kv_heads = options.num_key_value_heads
+    kv_heads = (4 if gpt_oss else 2) if kv_heads is None else kv_heads
     try:
-        target = make_tiny_model(
-            directory=options.directory, architecture=options.architecture,
-            num_layers=options.num_layers, hidden_size=options.hidden_size,
-            num_attention_heads=options.num_attention_heads,
-            num_key_value_heads=options.num_key_value_heads, vocab_size=options.vocab_size,
-            max_position_embeddings=options.max_position_embeddings,
-        )
+        if gpt_oss:
+            target = make_tiny_gpt_oss(
+                directory=options.directory, num_layers=options.num_layers,
+                hidden_size=options.hidden_size, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, sliding_window=options.sliding_window,
+                vocab_size=options.vocab_size,
+                max_position_embeddings=options.max_position_embeddings,
+            )
+        else:
+            target = make_tiny_model(
+                directory=options.directory, architecture=options.architecture,
+                num_layers=options.num_layers, hidden_size=options.hidden_size,
+                num_attention_heads=heads, num_key_value_heads=kv_heads,
+                vocab_size=options.vocab_size,
+                max_position_embeddings=options.max_position_embeddings,
+            )
     except ValueError as exc:
         parser.error(str(exc))
     print(f"tiny {options.architecture} model: {target}")
