@@ -183,16 +183,10 @@ def make_tiny_model(
     if hidden_size % num_attention_heads:
         raise ValueError(f"hidden_size={hidden_size} is invalid; allowed: a multiple of "
                          f"num_attention_heads={num_attention_heads}")
-    if num_attention_heads % num_key_value_heads:
-        raise ValueError(f"num_key_value_heads={num_key_value_heads} is invalid; allowed: a "
-                         f"divisor of num_attention_heads={num_attention_heads}")
-    if not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab_size={vocab_size!r} is invalid; allowed: an integer in "
-                         f"[{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
-
-    root = pathlib.Path(directory).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    _write_tokenizer(directory=root, vocab_size=vocab_size, max_length=max_position_embeddings)
+    _require_gqa(num_attention_heads=num_attention_heads,
+                 num_key_value_heads=num_key_value_heads)
+    root = _model_directory(directory=directory, vocab_size=vocab_size,
+                            max_position_embeddings=max_position_embeddings)
     config: dict[str, object] = {
         "architectures": [TARGET_ARCHITECTURES[architecture]],
         "model_type": architecture,
@@ -250,6 +244,29 @@ def make_tiny_eagle_draft(
                    "attention_bias": False})
     _write_json(root / "config.json", config)
     shutil.copyfile(source / "generation_config.json", root / "generation_config.json")
+    return root
+
+
+def _require_gqa(*, num_attention_heads: int, num_key_value_heads: int) -> None:
+    """Raise ``ValueError`` unless the KV heads divide the attention heads."""
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(f"num_key_value_heads={num_key_value_heads} is invalid; allowed: a "
+                         f"divisor of num_attention_heads={num_attention_heads}")
+
+
+def _model_directory(*, directory: pathlib.Path | str, vocab_size: int,
+                     max_position_embeddings: int) -> pathlib.Path:
+    """Check ``vocab_size``, create ``directory`` and write the tokenizer files into it.
+
+    Raises:
+        ValueError: ``vocab_size`` is outside [MIN_VOCAB_SIZE, MAX_VOCAB_SIZE].
+    """
+    if not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size={vocab_size!r} is invalid; allowed: an integer in "
+                         f"[{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
+    root = pathlib.Path(directory).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(directory=root, vocab_size=vocab_size, max_length=max_position_embeddings)
     return root
 
 
@@ -312,9 +329,8 @@ def make_tiny_gpt_oss(
     if num_layers < 2:
         raise ValueError(f"num_layers={num_layers} is invalid; allowed: an integer >= 2 (one "
                          "sliding-window and one full-attention layer at least)")
-    if num_attention_heads % num_key_value_heads:
-        raise ValueError(f"num_key_value_heads={num_key_value_heads} is invalid; allowed: a "
-                         f"divisor of num_attention_heads={num_attention_heads}")
+    _require_gqa(num_attention_heads=num_attention_heads,
+                 num_key_value_heads=num_key_value_heads)
     if num_experts_per_tok > num_local_experts:
         raise ValueError(f"num_experts_per_tok={num_experts_per_tok} is invalid; allowed: at "
                          f"most num_local_experts={num_local_experts}")
@@ -324,13 +340,8 @@ def make_tiny_gpt_oss(
     if not 2 <= sliding_window <= max_position_embeddings:
         raise ValueError(f"sliding_window={sliding_window} is invalid; allowed: an integer in "
                          f"[2, max_position_embeddings={max_position_embeddings}]")
-    if not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab_size={vocab_size!r} is invalid; allowed: an integer in "
-                         f"[{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
-
-    root = pathlib.Path(directory).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    _write_tokenizer(directory=root, vocab_size=vocab_size, max_length=max_position_embeddings)
+    root = _model_directory(directory=directory, vocab_size=vocab_size,
+                            max_position_embeddings=max_position_embeddings)
     config: dict[str, object] = {
         "architectures": [GPT_OSS_ARCHITECTURE],
         "model_type": "gpt_oss",
