@@ -9,10 +9,11 @@ inside the window or not. Window slots: the SWA sub-pool, reached through SGLang
 the device (no copy); a row needs them over its attention window (``p >= P - W``, ``W`` the
 model's ``sliding_window_size``, the distance back a query reads), where each must be mapped and
 owned by its full slot (the canary's owner table, one int64 per SWA slot, written when the slot
-is stamped). SGLang frees SWA slots only a page and more before that window, so out-of-window
-slots are never reported. Real data: K of the first and V of the last layer of each sub-pool
-(the SWA ones read through the mapping). The radix sweep walks ``SWARadixCache``: every cached
-full slot, and the SWA slots the cache still holds (tombstoned nodes have none).
+is stamped). SGLang frees SWA slots only below that window (``ScheduleBatch._evict_swa``
+keeps ``pre_len - W - page_size`` and up, ``SWARadixCache`` the last ``W`` tokens of a match), so
+freed slots are never reported. Real data: K of the first and V of the last layer of each
+sub-pool (the SWA ones read through the mapping). The radix sweep walks ``SWARadixCache``:
+every cached full slot, and the SWA slots the cache still holds (tombstoned nodes have none).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 TARGET_ARCHITECTURES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 EAGLE_DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle"
 GPT_OSS_ARCHITECTURE = "GptOssForCausalLM"
-GPT_OSS_HEAD_DIM = 64  # openai/gpt-oss-20b's; 64 is one of the sizes SGLang's CUDA RoPE kernel takes
+GPT_OSS_HEAD_DIM = 64  # openai/gpt-oss-20b's; one of the sizes SGLang's CUDA RoPE kernel takes
 # The RoPE of openai/gpt-oss-20b, verbatim: its YaRN cache covers 4096 * 32 positions.
 GPT_OSS_ROPE_THETA = 150000.0
 GPT_OSS_ROPE_SCALING: dict[str, object] = {
