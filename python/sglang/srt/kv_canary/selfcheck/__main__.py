@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     print(
         f"KV canary self-check: {kernels.backend.value} kernels on cpu, SGLang ReqToTokenPool + "
-        "MHATokenToKVPool, mixed workload (prefill at page boundaries +-1, chunked + mixed "
+        "MHATokenToKVPool (and SWAKVPool, a 6-token window), mixed workload (prefill at page "
+        "boundaries +-1, chunked + mixed "
         "prefill, decode, shared prefixes A->B->A, parallel sampling, padded rows, eviction); "
         "runtime perturbations and persistent scheduler/engine bugs"
     )
