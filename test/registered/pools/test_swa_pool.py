@@ -16,11 +16,10 @@ from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode, KvSubPool, Rea
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError
 from sglang.srt.kv_canary.hooks.model_runner import add_canary_bytes_to_swa_cell_size
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
-from sglang.srt.kv_canary.pools import canary_pool_for, pool_refusals
+from sglang.srt.kv_canary.pools import canary_pool_for, hybrid_swa_token_bytes, pool_refusals
 from sglang.srt.kv_canary.pools.mha import MHACanaryPool
 from sglang.srt.kv_canary.pools.swa import WINDOW_OWNER_BYTES, SWACanaryPool
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state
-from sglang.srt.kv_canary.runner.memory_budget import hybrid_swa_token_bytes
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
 from sglang.test.ci.ci_register import register_cpu_ci

@@ -7,8 +7,9 @@ from typing import Any
 
 from sglang.srt.kv_canary.config import get_active_config
 from sglang.srt.kv_canary.hook_registration import verify_hooks_applied
+from sglang.srt.kv_canary.pools import hybrid_swa_token_bytes
 from sglang.srt.kv_canary.runner.canary_runner import create_canary_runner, runner_of
-from sglang.srt.kv_canary.runner.memory_budget import hybrid_swa_token_bytes, per_token_bytes
+from sglang.srt.kv_canary.runner.memory_budget import per_token_bytes
 
 
 def before_initialize(model_runner: Any, *args: Any, **kwargs: Any) -> None:

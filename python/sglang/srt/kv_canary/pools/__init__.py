@@ -78,10 +78,11 @@ def record_bytes_per_kv_token() -> int:
     return MHACanaryPool.record_bytes_per_token()
 
 
-def window_bytes_per_swa_token() -> int:
-    """Canary bytes per token of a hybrid pool's sliding-window sub-pool (its owner table),
-    added to that pool's cell size with SGLang's SWA-to-full token ratio."""
-    return WINDOW_OWNER_BYTES
+def hybrid_swa_token_bytes(*, swa_full_tokens_ratio: float) -> float:
+    """Canary bytes per full-attention token of a hybrid sliding-window pool (SGLang sizes it
+    with ``HybridSWAPoolConfigurator``, whose cell is per full token): a record, and the owner
+    bytes of the ``swa_full_tokens_ratio`` SWA tokens sized per full token."""
+    return MHACanaryPool.record_bytes_per_token() + swa_full_tokens_ratio * WINDOW_OWNER_BYTES
 
 
 def extra_record_rows(*, page_size: int) -> int:

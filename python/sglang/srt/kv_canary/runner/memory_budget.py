@@ -7,7 +7,7 @@ budgeted in two parts, so KV + canary stays within ``--mem-fraction-static``:
 * per token: the pool seam's record bytes per KV token are added to the KV cell size (the
   records scale with the pool); a hybrid sliding-window pool (``HybridSWAPoolConfigurator``,
   whose cell is per full-attention token) gets a record per full token plus the SWA sub-pool's
-  owner bytes scaled by SGLang's SWA-to-full token ratio (:func:`hybrid_swa_token_bytes`);
+  owner bytes scaled by SGLang's SWA-to-full token ratio (:func:`~..pools.hybrid_swa_token_bytes`);
 * fixed: everything else (:class:`FixedBuffers`) is subtracted from the profiled available
   bytes before the pool is sized. Its sizes depend on ``req_to_token``'s shape, which does not
   exist yet at that point, so they are bounded from the same inputs SGLang uses to size it
@@ -25,8 +25,8 @@ from sglang.jit_kernel.kv_canary.consts import NUM_COUNTERS, RECORD_BYTES, RING_
 from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.pools import (
     extra_record_rows,
+    hybrid_swa_token_bytes,
     record_bytes_per_kv_token,
-    window_bytes_per_swa_token,
 )
 
 logger = logging.getLogger(__name__)
@@ -74,13 +74,6 @@ class FixedBuffers:
 def per_token_bytes() -> int:
     """Bytes per pool token (added to the KV cell size): the pool seam's record bytes."""
     return record_bytes_per_kv_token()
-
-
-def hybrid_swa_token_bytes(*, swa_full_tokens_ratio: float) -> float:
-    """Bytes per full-attention token of a hybrid sliding-window pool (added to its cell size):
-    a record, and the owner bytes of the ``swa_full_tokens_ratio`` SWA tokens SGLang sizes per
-    full token."""
-    return record_bytes_per_kv_token() + swa_full_tokens_ratio * window_bytes_per_swa_token()
 
 
 def fixed_buffers(
