@@ -152,6 +152,7 @@ _RUNS_WRITE = tl.constexpr(COUNTER_KERNEL_RUNS + CheckKind.WRITE)
 _ENTRIES = tl.constexpr(COUNTER_ENTRIES)
 _ENTRIES_WRITE = tl.constexpr(COUNTER_ENTRIES + CheckKind.WRITE)
 _VERIFY_REAL_KV = tl.constexpr(int(Reason.VERIFY_REAL_KV))
+_LOWER_HALF = tl.constexpr((1 << 32) - 1)  # an all-mode fingerprint's half of the sources not windowed
 _VERIFY_OWNER = tl.constexpr(int(Reason.VERIFY_OWNER))
 _VERIFY_OVERWRITTEN = tl.constexpr(int(Reason.VERIFY_OVERWRITTEN))
 _VERIFY_UNWRITTEN = tl.constexpr(int(Reason.VERIFY_UNWRITTEN))
@@ -403,8 +404,7 @@ def _verify_tile(
                 if PARTIAL:
                     checked &= ~windowed_lane(due, WINDOWED) | window_live
                 else:  # the lower half (the other sources) always, the upper where live
-                    differs &= tl.where(window_live, differs * 0 - 1,
-                                        lane_mask(differs * 0, 2))
+                    differs = tl.where(window_live, differs, differs & _LOWER_HALF)
             reasons |= tl.where(checked & (differs != 0), _VERIFY_REAL_KV, 0)
     expected_token = tl.full(position.shape, NO_TOKEN_C, dtype=tl.int64)
     if VERIFY_TOKEN:

@@ -54,6 +54,7 @@ _RUNS_SWEEP = tl.constexpr(COUNTER_KERNEL_RUNS + CheckKind.SWEEP)
 _ENTRIES_SWEEP = tl.constexpr(COUNTER_ENTRIES + CheckKind.SWEEP)
 _VERIFY_REAL_KV = tl.constexpr(int(Reason.VERIFY_REAL_KV))
 _VERIFY_WINDOW_OWNER = tl.constexpr(int(Reason.VERIFY_WINDOW_OWNER))
+_LOWER_HALF = tl.constexpr((1 << 32) - 1)  # an all-mode fingerprint's half of the sources not windowed
 _TOKEN_MASK = tl.constexpr(TOKEN_MASK)
 _ANCHOR_PREV_SLOT = tl.constexpr(-1)
 
@@ -141,10 +142,12 @@ def _sweep_kernel(
             if PARTIAL:  # drop the lanes of windowed sources without a window slot
                 for source in tl.static_range(NUM_SOURCES):
                     if (WINDOWED >> source) & 1:
-                        differs &= tl.where(window_live, differs * 0 - 1,
-                                            ~lane_mask(differs * 0 + source, NUM_SOURCES))
+                        differs = tl.where(
+                            window_live, differs,
+                            differs & ~lane_mask(differs * 0 + source, NUM_SOURCES),
+                        )
             else:  # the lower half (the other sources) always, the upper where live
-                differs &= tl.where(window_live, differs * 0 - 1, lane_mask(differs * 0, 2))
+                differs = tl.where(window_live, differs, differs & _LOWER_HALF)
         reasons |= tl.where(checked & (differs != 0), _VERIFY_REAL_KV, 0)
     append_verify_rows(
         ring_ptr, counters_ptr, ring_capacity, lanes_on, reasons, _SWEEP, 0, slot, position,
