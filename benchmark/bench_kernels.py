@@ -4,11 +4,13 @@ memory-bandwidth bound of the bytes they must touch.
 For each scenario (``harness/kernel_cases.py``: decode at 1 and 64 rows over 1k to 32k-token
 prefixes, shuffled and contiguous slots, 8k prefill chunks, 64 x 512 prefill) and each set of
 checks (real data none / partial / all, and ``all-checks``: partial plus the token checks the
-server's every-check configuration gives the kernels), the two launches of a forward, ``pre``
-(before the model: verify the prefix, write the new records) and ``post`` (after it: verify the
-whole batch with the real data), after a decode forward with the token checks the sampled-token
-append (``append``: every row's sampled token into the token history), and the radix sweep over
-1M slots:
+server's every-check configuration gives the kernels; each on an MHA pool, and
+``partial+window`` and ``all-checks+window`` on a hybrid sliding-window pool like gpt-oss's:
+window 127, the SWA sub-pool's K and V read at window slots through SGLang's full-to-SWA
+table), the two launches of a forward, ``pre`` (before the model: verify the prefix, write the
+new records) and ``post`` (after it: verify the whole batch with the real data), after a decode
+forward with the token checks the sampled-token append (``append``: every row's sampled token
+into the token history), and the radix sweep over 1M slots:
 
 - ``eager us``: device time between CUDA events around one launch from Python;
 - ``graph us``: the launch captured 20 times in one CUDA graph and replayed, per launch;
@@ -20,14 +22,17 @@ append (``append``: every row's sampled token into the token history), and the r
 
 Each figure is the median over its repeats ± half their interquartile range. A post launch must
 report no violation (its state is the consistent one the pre launch leaves); the run says so
-otherwise and exits 1. The sweep runs with real data none and partial (what the server
-configurations use). The result set (``OUT/kernels.json``, ``OUT/kernels.txt``) is written after
-every scenario, and no scenario starts that the longest one so far would carry past
-``--time-budget-s`` (those are listed as skipped). About 90 s on an H200 with the references.
+otherwise and exits 1. The sweep runs with real data none, partial and ``partial+window``
+(what the server configurations use). By default every MHA set of checks runs and, of the
+hybrid pool's, ``partial+window`` (its lines pair with the ``partial`` ones). The result set
+(``OUT/kernels.json``, ``OUT/kernels.txt``) is written after every scenario, and no scenario
+starts that the longest one so far would carry past ``--time-budget-s`` (those are listed as
+skipped). On an H200 the four MHA sets with the references take about 90 s, and
+``--checks partial,partial+window --no-reference`` under 100 s.
 
 Usage (needs CUDA): ``python benchmark/bench_kernels.py [--scenarios 'decode 64 x 8k,...']
-[--checks none,partial,all-checks,all] [--no-reference] [--no-sweep] [--time-budget-s 540]
-[--out DIR]``
+[--checks none,partial,all-checks,all,partial+window,all-checks+window] [--no-reference]
+[--no-sweep] [--time-budget-s 540] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -45,7 +50,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from harness import kernel_cases, options, timers  # noqa: E402
 from harness.deadline import Deadline  # noqa: E402
-from harness.kernel_cases import CHECKS, SCENARIOS, SWEEP, SWEEP_CHECKS, Pool  # noqa: E402
+from harness.kernel_cases import (  # noqa: E402
+    CHECKS,
+    DEFAULT_CHECKS,
+    SCENARIOS,
+    SWEEP,
+    SWEEP_CHECKS,
+    Pool,
+)
 from harness.kernel_timing import (  # noqa: E402
     GRAPH_LAUNCHES,
     REPEATS,
@@ -86,9 +98,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         type=options.names(option="--scenarios", allowed=tuple(SCENARIOS)),
                         help="comma-separated (default: all)")
-    parser.add_argument("--checks", default=",".join(CHECKS),
+    parser.add_argument("--checks", default=",".join(DEFAULT_CHECKS),
                         type=options.names(option="--checks", allowed=tuple(CHECKS)),
-                        help=f"comma-separated (default {','.join(CHECKS)})")
+                        help=f"comma-separated, of {', '.join(CHECKS)} (default "
+                             f"{','.join(DEFAULT_CHECKS)})")
     parser.add_argument("--no-reference", action="store_true",
                         help="do not time the torch references")
     parser.add_argument("--no-sweep", action="store_true", help="do not time the sweep")

@@ -9,8 +9,11 @@ forward, and four real-data sources shaped like K and V of a first and a last la
 x 128 dims of bf16: 2 KiB per slot and source). A :class:`Checks` set says which checks the
 launches run: real-data fingerprints (none / partial / all, with a verify stride) and the token
 checks of the server's every-check configuration (the token history with verify-token, the
-write-input expectations, the host seq_lens mirror). :func:`state_of` and :func:`batch_of` give
-the launches' arguments; a pre launch then a post launch of them is a clean forward.
+write-input expectations, the host seq_lens mirror) and, with a window, the pool is a hybrid
+sliding-window one (SGLang's ``SWAKVPool``, as gpt-oss serves): :func:`window_sub_pool` gives its
+SWA sub-pool (window slots mapped from the record slots, their owners, the SWA layer's K and V).
+:func:`state_of` and :func:`batch_of` give the launches' arguments; a pre launch then a post
+launch of them is a clean forward.
 
 :func:`launch_bytes` is what the launch must read and write at the least; over the device's copy
 bandwidth it is the memory-bandwidth bound of the launch.
@@ -47,6 +50,7 @@ from sglang.jit_kernel.kv_canary.kernel_inputs import (
     CanaryBatchView,
     CanaryDeviceState,
     RealDataSources,
+    SlotWindow,
     SweepEntries,
 )
 
@@ -61,6 +65,13 @@ LANDING_BYTES = 16  # the landing poison of a new slot, per source
 HISTORY_BYTES = 4  # the int32 token-history entry verify-token reads per slot
 EXPECTED_INPUT_BYTES = 8  # the int64 expected input id of a new token
 PARTIAL_BYTES = 16  # real data "partial": 16 bytes of one source per verified slot
+SWA_WINDOW = 127  # gpt-oss's sliding window, as SGLang's model runner gives it to the canary
+# A hybrid pool's sources: full layer-0 K, full last-layer V, then SWA layer-0 K and SWA
+# last-layer V, which are indexed by window slot (bits 2 and 3)
+WINDOWED_SOURCES = 0b1100
+NUM_WINDOWED_SOURCES = WINDOWED_SOURCES.bit_count()
+WINDOW_TABLE_BYTES = 8  # the int64 entry of a record slot in the full-to-SWA table
+WINDOW_OWNER_BYTES = 8  # the int64 owner of a window slot
 _TOKEN_RANGE = 150_000
 _FINGERPRINT_CHUNK = 1 << 15
 
@@ -99,18 +110,23 @@ SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
 # the radix sweep's scenario: one history of 1M cached slots (the prefix), no new token
 SWEEP = Scenario(name="sweep 1M slots", layout=BatchLayout.EXTEND, rows=1, prefix=1 << 20,
                  new=0)
-SWEEP_CHECKS = ("none", "partial")  # real data of the server configurations; no token checks
+# real data of the server configurations (no token checks), on an MHA and on a hybrid SWA pool
+SWEEP_CHECKS = ("none", "partial", "partial+window")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Checks:
     """What the launches check: real-data fingerprints (``none``, ``partial``, ``all``; each
-    prefix slot's bytes every ``stride``-th forward) and, with ``tokens``, the token checks."""
+    prefix slot's bytes every ``stride``-th forward), with ``tokens`` the token checks, and with
+    ``window`` > 0 the window slots of a hybrid sliding-window pool of that window (real-data
+    sources 2 and 3 are then the SWA sub-pool's, see :func:`window_sub_pool`); ``window`` 0: an
+    MHA pool, one slot space."""
 
     name: str
     real_data: str
     stride: int = 1
     tokens: bool = False
+    window: int = 0
 
 
 CHECKS: dict[str, Checks] = {checks.name: checks for checks in (
@@ -118,7 +134,12 @@ CHECKS: dict[str, Checks] = {checks.name: checks for checks in (
     Checks(name="partial", real_data="partial"),
     Checks(name="all-checks", real_data="partial", tokens=True),
     Checks(name="all", real_data="all"),
+    Checks(name="partial+window", real_data="partial", window=SWA_WINDOW),
+    Checks(name="all-checks+window", real_data="partial", tokens=True, window=SWA_WINDOW),
 )}
+# what a run times unless told otherwise: every MHA set and the hybrid pool with "partial" (its
+# lines compare one to one with the MHA pool's "partial" lines)
+DEFAULT_CHECKS = ("none", "partial", "all-checks", "all", "partial+window")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +151,7 @@ class Pool:
     req_to_token: torch.Tensor
     records: torch.Tensor  # the prefix slots' records, fingerprints of no source
     token_history: torch.Tensor  # int32 [rows + 1, prefix + new]: every row's whole history
-    sources: tuple[torch.Tensor, ...]
+    sources: tuple[torch.Tensor, ...]  # row = record slot; a hybrid pool uses the first two
     prefix_slots: torch.Tensor
     owners_before: torch.Tensor  # owner chains of the prefixes
     owners_after: torch.Tensor  # owner chains after the forward
@@ -186,6 +207,53 @@ def build_pool(scenario: Scenario, *, device: str) -> Pool:
                 owners_before=owners_before, owners_after=owners_after)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowSubPool:
+    """The SWA sub-pool of a hybrid pool beside a :class:`Pool`'s record slots, as SGLang leaves
+    it before the pool's forward (page size 1: it frees a row's SWA slots below ``P - window -
+    1``). Each row's last ``window + 1`` prefix positions (all of a shorter prefix) and its new
+    tokens have a window slot; the older prefix positions have none.
+
+    - ``slot_table``: int64 ``[num_slots + 1]``, record slot -> window slot in ``[1, G)``, 0 for
+      none, and SGLang's trailing -1 entry;
+    - ``owners``: int64 ``[G]``, the record slot of each prefix position's window slot (what the
+      post launches stamped), 0 for the new tokens' (never stamped; the post launch stamps them);
+    - ``sources``: SWA layer-0 K and last-layer V, int64 ``[G, ROW_WORDS]``, row = window slot.
+    """
+
+    window: int
+    slot_table: torch.Tensor
+    owners: torch.Tensor
+    sources: tuple[torch.Tensor, ...]
+
+    @property
+    def num_window_slots(self) -> int:
+        return self.owners.shape[0]
+
+
+def window_sub_pool(pool: Pool, *, window: int) -> WindowSubPool:
+    """A fresh SWA sub-pool of ``pool`` for a sliding window of ``window`` (>= 0) positions:
+    window slots shuffled, or handed out in order with ``pool.scenario.contiguous``; random
+    words in its sources."""
+    scenario = pool.scenario
+    kept = min(scenario.prefix, window + 1)  # prefix positions that still hold a window slot
+    with_window_slot = pool.req_to_token[1:, scenario.prefix - kept:].to(torch.int64)
+    record_slots = with_window_slot.flatten()
+    device = record_slots.device
+    count = record_slots.shape[0]
+    order = (torch.arange(count, device=device) if scenario.contiguous
+             else torch.randperm(count, device=device))
+    slot_table = torch.zeros(pool.records.shape[0] + 1, dtype=torch.int64, device=device)
+    slot_table[-1] = -1
+    slot_table[record_slots] = order + 1
+    owners = torch.zeros(count + 1, dtype=torch.int64, device=device)
+    cached = with_window_slot[:, :kept].flatten()
+    owners[slot_table[cached]] = cached
+    sources = tuple(torch.randint(-(1 << 62), 1 << 62, (count + 1, ROW_WORDS), device=device)
+                    for _ in range(NUM_WINDOWED_SOURCES))
+    return WindowSubPool(window=window, slot_table=slot_table, owners=owners, sources=sources)
+
+
 def batch_of(pool: Pool, checks: Checks) -> CanaryBatchView:
     """The pool's forward with ``checks``' token checks (none without ``checks.tokens``)."""
     if not checks.tokens:
@@ -201,45 +269,80 @@ def batch_of(pool: Pool, checks: Checks) -> CanaryBatchView:
 
 def state_of(pool: Pool, checks: Checks) -> CanaryDeviceState:
     """A fresh state of ``pool`` whose prefix records carry ``checks``' fingerprints; its
-    counters say the forward's pre launch is next."""
+    counters say the forward's pre launch is next. With ``checks.window`` the state has a fresh
+    :func:`window_sub_pool` as its :class:`SlotWindow` (the windowed real-data sources its
+    sources, a prefix slot's fingerprint folding their rows at its window slot where it has one,
+    as the post launch that stored it read them)."""
     records = pool.records.clone()
+    window = window_sub_pool(pool, window=checks.window) if checks.window else None
     real = None
     if checks.real_data != "none":
-        real = RealDataSources(sources=pool.sources, partial=checks.real_data == "partial",
+        sources = pool.sources
+        if window is not None:
+            sources = pool.sources[:NUM_SOURCES - NUM_WINDOWED_SOURCES] + window.sources
+        real = RealDataSources(sources=sources, partial=checks.real_data == "partial",
                                verify_stride=checks.stride)
         for chunk in pool.prefix_slots.split(_FINGERPRINT_CHUNK):
-            records[chunk, FIELD_FINGERPRINT] = slot_fingerprints_torch(
-                slots=chunk, sources=real.sources, partial=real.partial)
+            records[chunk, FIELD_FINGERPRINT] = _prefix_fingerprints(
+                slots=chunk, real=real, window=window)
     device = records.device
     counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=device)
     counters[COUNTER_STEP] = 1
     counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = 1
+    slot_window = None
+    if window is not None:
+        slot_window = SlotWindow(
+            slot_table=window.slot_table, owners=window.owners, window=window.window,
+            windowed_sources=WINDOWED_SOURCES if real is not None else 0)
     return CanaryDeviceState(
         records=records, req_to_token=pool.req_to_token,
         ring=torch.zeros((RING_CAPACITY, RING_ROW_FIELDS), dtype=torch.int64, device=device),
-        counters=counters, owner_chains=pool.owners_before.clone(), real_data=real)
+        counters=counters, owner_chains=pool.owners_before.clone(), real_data=real,
+        window=slot_window)
+
+
+def _prefix_fingerprints(*, slots: torch.Tensor, real: RealDataSources,
+                         window: WindowSubPool | None) -> torch.Tensor:
+    """The fingerprints of record slots ``slots`` (int64 ``[n]``): with ``window``, its
+    sources are read at each slot's window slot, and fold zero words where it has none."""
+    if window is None:
+        return slot_fingerprints_torch(slots=slots, sources=real.sources, partial=real.partial)
+    window_slots = window.slot_table[slots]
+    rows = torch.where(window_slots >= 1, window_slots, -1)
+    source_rows = [rows if WINDOWED_SOURCES >> source & 1 else None
+                   for source in range(len(real.sources))]
+    return slot_fingerprints_torch(slots=slots, sources=real.sources, partial=real.partial,
+                                   source_rows=source_rows, windowed_sources=WINDOWED_SOURCES)
 
 
 def prepare_post(state: CanaryDeviceState, pool: Pool) -> None:
     """Make ``state`` what the pool's pre launch and the model leave for the post launch (owner
     chains after the forward, the pre launch counted, no violation so far, and with real data
-    the new slots' rows written, as the model writes them over the pre launch's poison)."""
+    the new slots' rows written, as the model writes them over the pre launch's poison: a
+    windowed source's at the slot's window slot)."""
     if state.real_data is not None:
         new_slots = pool.batch.out_cache_loc
-        for source in state.real_data.sources:
-            source[new_slots] = torch.randint(-(1 << 62), 1 << 62, (new_slots.shape[0],
-                                              source.shape[1]), device=source.device)
+        for index, source in enumerate(state.real_data.sources):
+            rows = new_slots
+            if state.window is not None and state.window.windows_source(index):
+                rows = state.window.slot_table[new_slots]
+            source[rows] = torch.randint(-(1 << 62), 1 << 62, (rows.shape[0], source.shape[1]),
+                                         device=source.device)
     state.owner_chains.copy_(pool.owners_after)
     state.counters[COUNTER_KERNEL_RUNS + CheckKind.PRE_VERIFY] = state.counters[COUNTER_STEP] + 1
     state.counters[COUNTER_VIOLATIONS] = 0
 
 
 def clone_state(state: CanaryDeviceState) -> CanaryDeviceState:
-    """A copy of ``state``'s mutable tensors (records, ring, counters, owner chains)."""
+    """A copy of ``state``'s mutable tensors (records, ring, counters, owner chains, window
+    owners); the pool's (``req_to_token``, real-data sources, the window table) are shared."""
+    window = state.window
+    if window is not None:
+        window = dataclasses.replace(window, owners=window.owners.clone())
     return CanaryDeviceState(
         records=state.records.clone(), req_to_token=state.req_to_token,
         ring=state.ring.clone(), counters=state.counters.clone(),
-        owner_chains=state.owner_chains.clone(), real_data=state.real_data)
+        owner_chains=state.owner_chains.clone(), real_data=state.real_data, window=window)
 
 
 def sweep_entries(pool: Pool) -> SweepEntries:
@@ -279,11 +382,17 @@ def append_inputs(pool: Pool) -> AppendInputs:
                         pool_out=pool_out, history_lens_out=lens)
 
 
-def slot_bytes(checks: Checks, *, launch: str) -> int:
-    """Bytes a verify reads per prefix slot: its ``req_to_token`` entry, its record (16 bytes of
-    it without real data, and in the pre launch, which verifies no real data), the real-data
-    bytes (post launch: ``partial`` 16 bytes of one source, ``all`` every source's row; the
-    sweep: 16 bytes of every source), the token-history entry of the token checks."""
+def slot_bytes(checks: Checks, *, launch: str, in_window: bool = False) -> int:
+    """Bytes a verify reads per slot: its ``req_to_token`` entry, its record (16 bytes of it
+    without real data, and in the pre launch, which verifies no real data), the real-data bytes
+    (post launch: ``partial`` 16 bytes of one source, ``all`` every source's row; the sweep: 16
+    bytes of every source), the token-history entry of the token checks.
+
+    With ``checks.window``: a slot ``in_window`` (its position is one the window needs; in the
+    sweep: it has a window slot) also touches its full-to-SWA table entry and its window slot's
+    owner (read, or for a new slot written by the post launch): 16 bytes more. A slot outside
+    reads no windowed source, so only the non-windowed sources' share of the real-data bytes (2
+    of 4 sources), and in the sweep its table entry all the same (8 bytes)."""
     record = 16 if checks.real_data == "none" or launch == "pre" else RECORD_BYTES
     real = 0
     if launch != "pre":
@@ -291,7 +400,33 @@ def slot_bytes(checks: Checks, *, launch: str) -> int:
         real = {"none": 0, "partial": partial, "all": ROW_WORDS * 8 * NUM_SOURCES}[
             checks.real_data] // checks.stride
     history = HISTORY_BYTES if checks.tokens else 0
-    return REQ_TO_TOKEN_BYTES + record + real + history
+    window = 0
+    if checks.window and in_window:
+        window = WINDOW_TABLE_BYTES + WINDOW_OWNER_BYTES
+    elif checks.window:
+        real = real * (NUM_SOURCES - NUM_WINDOWED_SOURCES) // NUM_SOURCES
+        window = WINDOW_TABLE_BYTES if launch == "sweep" else 0
+    return REQ_TO_TOKEN_BYTES + record + real + history + window
+
+
+def window_positions(scenario: Scenario, checks: Checks, *, launch: str) -> int:
+    """How many of a row's verified positions ``launch`` treats as in the window (0 without
+    ``checks.window``): the pre launch the prefix positions ``p >= P - window``, the post launch
+    those and the new ones, the sweep every prefix position with a window slot (the last
+    ``window + 1``, :func:`window_sub_pool`)."""
+    if not checks.window:
+        return 0
+    if launch == "sweep":
+        return min(scenario.prefix, checks.window + 1)
+    in_prefix = min(scenario.prefix, checks.window)
+    return in_prefix + (scenario.new if launch == "post" else 0)
+
+
+def _verify_bytes(scenario: Scenario, checks: Checks, *, launch: str, positions: int) -> int:
+    """The :func:`slot_bytes` of every row's first ``positions`` positions."""
+    inside = window_positions(scenario, checks, launch=launch)
+    return scenario.rows * (inside * slot_bytes(checks, launch=launch, in_window=True)
+                            + (positions - inside) * slot_bytes(checks, launch=launch))
 
 
 def launch_bytes(scenario: Scenario, checks: Checks, *, launch: str) -> int:
@@ -299,18 +434,22 @@ def launch_bytes(scenario: Scenario, checks: Checks, *, launch: str) -> int:
     the least (the append: the sampled-token append after a decode forward):
     the pre launch verifies every prefix slot and writes every new token's record (reading its
     inputs and, with the token checks, its expected input id; with real data, the landing
-    poison: 16 bytes per source); the post launch verifies every slot of the batch; the sweep
-    every prefix slot (its entry instead of ``req_to_token``)."""
-    rows, new = scenario.rows, scenario.new
+    poison: 16 bytes per source, and with ``checks.window`` the table entry that names its
+    windowed rows); the post launch verifies every slot of the batch; the sweep every prefix
+    slot (its entry instead of ``req_to_token``). Verified slots count :func:`slot_bytes`, in
+    or out of the window as :func:`window_positions` says."""
+    rows, prefix, new = scenario.rows, scenario.prefix, scenario.new
     if launch == "append":  # per row: its index, seq_len, token and known length; two writes
         return rows * (4 * 8 + HISTORY_BYTES + 8)
     if launch == "pre":
         expected = EXPECTED_INPUT_BYTES if checks.tokens else 0
-        poison = LANDING_BYTES * NUM_SOURCES if checks.real_data != "none" else 0
-        return (scenario.verified_slots * slot_bytes(checks, launch="pre")
-                + rows * new * (TOKEN_INPUT_BYTES + RECORD_BYTES + expected + poison))
+        real_data = checks.real_data != "none"
+        poison = LANDING_BYTES * NUM_SOURCES if real_data else 0
+        table = WINDOW_TABLE_BYTES if checks.window and real_data else 0
+        return (_verify_bytes(scenario, checks, launch="pre", positions=prefix)
+                + rows * new * (TOKEN_INPUT_BYTES + RECORD_BYTES + expected + poison + table))
     if launch == "sweep":
         entry = 4 * 8  # slot, previous slot, position, token
-        return scenario.verified_slots * (entry + slot_bytes(checks, launch="sweep")
-                                          - REQ_TO_TOKEN_BYTES)
-    return rows * (scenario.prefix + new) * slot_bytes(checks, launch="post")
+        return (_verify_bytes(scenario, checks, launch="sweep", positions=prefix)
+                + scenario.verified_slots * (entry - REQ_TO_TOKEN_BYTES))
+    return _verify_bytes(scenario, checks, launch="post", positions=prefix + new)
