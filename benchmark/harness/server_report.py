@@ -143,7 +143,7 @@ def format_report(report: ModelReport, *, machine: Mapping[str, object],
         lines += [f"  {verdict.describe()}" for verdict in report.verdicts]
     lines += ["", "servers:"]
     for entry in report.servers:
-        pool = "" if entry.limits is None else f", KV pool {entry.limits.kv_tokens} tokens"
+        pool = "" if entry.limits is None else f", {entry.limits.describe()}"
         log = "" if entry.log_report is None else f"; {entry.log_report.describe()}"
         ready = f", ready in {entry.ready_s:.0f} s" if entry.ready_s else ""
         lines.append(f"  {entry.spec.config.name}: {entry.status}{ready}{pool}{log}")

@@ -26,7 +26,14 @@ from .deadline import Deadline
 from .interleave import Participant, measure_interleaved
 from .models import MODELS, ModelShape, make_model
 from .server_report import ModelReport, build_report
-from .servers import ServerSpec, StartedServer, gpu_memory_used, misfit, start_servers
+from .servers import (
+    ServerSpec,
+    StartedServer,
+    gpu_memory_used,
+    misfit,
+    pool_problem,
+    start_servers,
+)
 from .workloads import WORKLOADS, RoundTiming, Workload, run_round
 
 MIN_MEASURE_S = 45.0
@@ -89,6 +96,9 @@ def _server_problems(entries: Sequence[StartedServer]) -> list[str]:
     for entry in entries:
         if entry.status not in ("ready", "stopped"):
             problems.append(f"{entry.spec.label}: {entry.status} (log {entry.launch.log_path})")
+        if entry.limits is not None and (
+                problem := pool_problem(model=entry.spec.model, limits=entry.limits)):
+            problems.append(f"{entry.spec.label}: {problem} (log {entry.launch.log_path})")
         if entry.log_report is not None:
             problems += [f"{entry.spec.label}: {problem} (log {entry.launch.log_path})"
                          for problem in entry.log_report.problems(entry.spec.config)]

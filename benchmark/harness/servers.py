@@ -53,7 +53,10 @@ _ERROR_LINE = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$")
 _CANARY_ERROR_LINE = re.compile(r"\b(Canary\w*Error): (.+)$")
 _POOL_FIELDS = {"kv_tokens": re.compile(r"\bmax_total_num_tokens=(\d+)"),
                 "max_running_requests": re.compile(r"\bmax_running_requests=(\d+)"),
-                "context_len": re.compile(r"\bcontext_len=(\d+)")}
+                "context_len": re.compile(r"\bcontext_len=(\d+)"),
+                # SGLang's HybridSWAPoolConfigurator: "Use sliding window memory pool.
+                # full_layer_tokens=..., swa_layer_tokens=..."
+                "swa_kv_tokens": re.compile(r"\bswa_layer_tokens=(\d+)")}
 PIECEWISE_CAPTURED = "Capture piecewise CUDA graph end"
 _PLUGIN_LOADED = re.compile(r"Loaded plugin kv_canary\b|Executed general plugin: kv_canary\b")
 _PLUGIN_SKIPPED = re.compile(r"Skipping plugin kv_canary\b")
@@ -91,16 +94,28 @@ def server_launch(*, spec: ServerSpec, model_dir: pathlib.Path, log_dir: pathlib
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolLimits:
-    """What the scheduler logged of its pools (None: not in the log)."""
+    """What the server logged of its pools (None: not in the log).
+
+    Attributes:
+        kv_tokens: the KV pool's tokens (of a hybrid sliding-window model: its full-attention
+            layers' pool).
+        swa_kv_tokens: a hybrid sliding-window model's pool of its sliding-window layers
+            (None: no such pool).
+    """
 
     kv_tokens: int | None
     max_running_requests: int | None
     context_len: int | None
+    swa_kv_tokens: int | None
+
+    def describe(self) -> str:
+        swa = "" if self.swa_kv_tokens is None else f", SWA pool {self.swa_kv_tokens} tokens"
+        return f"KV pool {self.kv_tokens} tokens{swa}"
 
 
 def read_pool_limits(log_text: str) -> PoolLimits:
-    """The last ``max_total_num_tokens=``, ``max_running_requests=`` and ``context_len=`` of a
-    server log."""
+    """The last ``max_total_num_tokens=``, ``max_running_requests=``, ``context_len=`` and
+    ``swa_layer_tokens=`` of a server log."""
     found: dict[str, int | None] = {}
     for name, pattern in _POOL_FIELDS.items():
         values = pattern.findall(log_text)
@@ -108,9 +123,19 @@ def read_pool_limits(log_text: str) -> PoolLimits:
     return PoolLimits(**found)
 
 
+def pool_problem(*, model: ModelShape, limits: PoolLimits) -> str | None:
+    """What contradicts ``model`` in the pools a ready server logged (None: nothing): a hybrid
+    sliding-window model served without SGLang's sliding-window pool."""
+    if model.hybrid_swa and limits.swa_kv_tokens is None:
+        return ("no sliding-window pool in its log (no swa_layer_tokens= line): not served on "
+                "SGLang's hybrid SWA pool")
+    return None
+
+
 def misfit(*, workload: Workload, limits: PoolLimits) -> str | None:
     """Why ``workload`` cannot run as one batch on a server with ``limits`` (None: it fits, or
-    a limit is unknown)."""
+    a limit is unknown). A hybrid model's sliding-window pool is not compared: SGLang frees a
+    request's SWA slots below its window, so a batch holds fewer of them than ``kv_tokens``."""
     if limits.kv_tokens is not None and limits.kv_tokens < workload.kv_tokens:
         return f"does not fit: KV pool {limits.kv_tokens} tokens < {workload.kv_tokens} needed"
     if (limits.max_running_requests is not None

@@ -11,7 +11,10 @@ FAKE_SERVER_MODE = serve (default) | exit (print a refusal, exit 3) | hang (neve
 FAKE_SERVER_READY_DELAY_S (default 0): /health answers 503 until then;
 FAKE_SERVER_CHILD_PID_FILE: start a child process in the same group and write its pid there;
 FAKE_SERVER_IGNORE_SIGTERM=1: survive SIGTERM (the launcher must escalate to SIGKILL);
-FAKE_SERVER_MAX_TOTAL_TOKENS (default 614400): the pool size it logs;
+FAKE_SERVER_MAX_TOTAL_TOKENS (default 614400): the pool size it logs unless
+``--max-total-tokens`` is given; for a model directory whose ``config.json`` has sliding-window
+layers (``layer_types``) it also logs SGLang's hybrid pool line (``full_layer_tokens=`` the pool
+size, ``swa_layer_tokens=`` 0.8 of it, SGLang's default ``--swa-full-tokens-ratio``);
 FAKE_SERVER_AS_CONFIGURED=1: log what a real server of its configuration logs instead of the
 fixed canary line: the plugin loader's line (``SGLANG_PLUGINS=none``: skipped, else loaded), the
 end of a piecewise CUDA-graph capture unless ``--disable-piecewise-cuda-graph`` is given, and,
@@ -33,12 +36,22 @@ import sys
 import time
 
 
+def _layer_types(model_path: str | None) -> list[str]:
+    """The ``layer_types`` of the model directory's ``config.json`` ([] without one)."""
+    config = os.path.join(model_path or "", "config.json")
+    if not os.path.isfile(config):
+        return []
+    with open(config, encoding="utf-8") as handle:
+        return list(json.load(handle).get("layer_types") or [])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--model-path")
     parser.add_argument("--disable-piecewise-cuda-graph", action="store_true")
+    parser.add_argument("--max-total-tokens", type=int)
     options, _ = parser.parse_known_args()
     as_configured = os.environ.get("FAKE_SERVER_AS_CONFIGURED") == "1"
     canary_mode = os.environ.get("SGLANG_KV_CANARY_MODE") if as_configured else "log"
@@ -154,7 +167,13 @@ def main() -> None:
             print("[fake] Capture piecewise CUDA graph end", flush=True)
     if canary_mode:
         print(f"KV canary enabled: mode={canary_mode} (fake)", flush=True)
-    print(f"max_total_num_tokens={os.environ.get('FAKE_SERVER_MAX_TOTAL_TOKENS', '614400')}, "
+    pool_tokens = options.max_total_tokens or int(
+        os.environ.get("FAKE_SERVER_MAX_TOTAL_TOKENS", "614400"))
+    if "sliding_attention" in _layer_types(options.model_path):
+        print("Use sliding window memory pool. "
+              f"full_layer_tokens={pool_tokens}, swa_layer_tokens={int(pool_tokens * 0.8)}",
+              flush=True)
+    print(f"max_total_num_tokens={pool_tokens}, "
           "chunked_prefill_size=8192, max_running_requests=2048, context_len=40960", flush=True)
     http.server.ThreadingHTTPServer((options.host, options.port), Handler).serve_forever()
 

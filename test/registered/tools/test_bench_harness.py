@@ -28,7 +28,17 @@ from harness.configs import (  # noqa: E402
 )
 from harness.deadline import Deadline  # noqa: E402
 from harness.interleave import Participant, measure_interleaved, rotated  # noqa: E402
-from harness.models import CONTEXT_LENGTH, KV_POOL_TOKENS, MODELS  # noqa: E402
+from harness.models import (  # noqa: E402
+    CONTEXT_LENGTH,
+    DEFAULT_MODELS,
+    GPT_OSS,
+    HYBRID_FULL_POOL_TOKENS,
+    KV_POOL_TOKENS,
+    MODELS,
+    SWA_FULL_TOKENS_RATIO,
+    ModelShape,
+    make_model,
+)
 from harness.results import write_result_set  # noqa: E402
 from harness.servers import (  # noqa: E402
     COMMON_ARGS,
@@ -36,6 +46,7 @@ from harness.servers import (  # noqa: E402
     PoolLimits,
     ServerSpec,
     misfit,
+    pool_problem,
     read_log_report,
     read_pool_limits,
     refusal_reason,
@@ -118,7 +129,7 @@ def test_options_name_the_option_the_value_and_what_is_allowed(parse, value, mes
 @pytest.mark.parametrize(("script", "argv", "message"), [
     ("bench_server", ["--configs", "off,canary"], "a list that names stock"),
     ("bench_server", ["--models", "70b"],
-     "--models='70b' is invalid; allowed: a comma-separated list of tiny, 8b"),
+     "--models='70b' is invalid; allowed: a comma-separated list of tiny, 8b, tiny-swa"),
     ("bench_server", ["--workloads", "decode128"], "--workloads='decode128' is invalid"),
     ("bench_server", ["--max-rounds", "0"],
      "--max-rounds='0' is invalid; allowed: an integer >= 1"),
@@ -202,12 +213,94 @@ def test_every_server_gets_the_same_flags_but_its_configuration_s() -> None:
         spec=ServerSpec(model=MODELS["tiny"], config=CONFIGS[STOCK]), machine_args=())
 
 
+def test_the_sliding_window_model_runs_triton_moe_in_every_configuration() -> None:
+    for name, config in CONFIGS.items():
+        flags = server_args(spec=ServerSpec(model=MODELS["tiny-swa"], config=config),
+                            machine_args=MACHINE_ARGS)
+        assert _flag(flags, "--moe-runner-backend") == "triton", name
+        assert _flag(flags, "--load-format") == "dummy"
+        assert _flag(flags, "--max-total-tokens") == str(HYBRID_FULL_POOL_TOKENS)
+    assert "--moe-runner-backend" not in MODELS["tiny"].server_args
+
+
+def _flag(args: tuple[str, ...], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
 def test_every_workload_fits_the_pool_and_the_context() -> None:
     for workload in WORKLOADS.values():
         assert workload.kv_tokens <= KV_POOL_TOKENS and workload.context_tokens <= CONTEXT_LENGTH
     for model in MODELS.values():
         assert {target.workload for target in model.targets} <= set(WORKLOADS)
         assert {target.config for target in model.targets} <= set(CONFIGS) - {STOCK}
+        pool = int(_flag(model.server_args, "--max-total-tokens"))
+        assert _flag(model.server_args, "--context-length") == str(CONTEXT_LENGTH)
+        # SGLang's sub-pools of a hybrid model: the full one as given, the sliding-window one
+        # at --swa-full-tokens-ratio of it (HybridSWAPoolConfigurator)
+        pools = (pool, int(pool * SWA_FULL_TOKENS_RATIO)) if model.hybrid_swa else (pool,)
+        assert min(pools) >= KV_POOL_TOKENS, model.name
+
+
+# ----------------------------------------------------------------------------- models
+
+def test_the_swa_ratio_is_sglang_s_default() -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    assert SWA_FULL_TOKENS_RATIO == ServerArgs.swa_full_tokens_ratio
+    assert (HYBRID_FULL_POOL_TOKENS, int(HYBRID_FULL_POOL_TOKENS * SWA_FULL_TOKENS_RATIO)) == (
+        46080, KV_POOL_TOKENS)
+
+
+def test_the_default_run_leaves_the_sliding_window_model_out() -> None:
+    assert DEFAULT_MODELS == ("tiny", "8b") and set(DEFAULT_MODELS) < set(MODELS)
+    assert [name for name in MODELS if MODELS[name].hybrid_swa] == ["tiny-swa"]
+
+
+def test_shapes_describe_their_layers_and_kv_bytes() -> None:
+    tiny, swa = MODELS["tiny"], MODELS["tiny-swa"]
+    assert (tiny.head_dim, tiny.full_attention_layers, tiny.sliding_window_layers) == (64, 4, 0)
+    assert (tiny.kv_bytes_per_token, tiny.swa_kv_bytes_per_token) == (4 * 2 * 64 * 2 * 2, 0)
+    assert tiny.describe() == ("llama, 4 layers, hidden 256, 4/2 heads, vocabulary 4096, dummy "
+                               "weights, 2 KiB of KV per token")
+    assert MODELS["8b"].kv_bytes_per_token == 36 * 8 * 128 * 2 * 2  # 144 KiB
+    # gpt_oss: head_dim 64 (not hidden / heads = 32); layers 0, 2 sliding-window, 1, 3 full
+    assert (swa.head_dim, swa.full_attention_layers, swa.sliding_window_layers) == (64, 2, 2)
+    assert swa.kv_bytes_per_token == swa.swa_kv_bytes_per_token == 2 * 4 * 64 * 2 * 2
+    assert swa.describe() == (
+        "gpt_oss (MoE), 4 layers: 2 sliding-window (128 tokens), 2 full attention; hidden 256, "
+        "8/4 heads of 64, vocabulary 4096, dummy weights; KV per token 2 KiB in the "
+        "full-attention pool, 2 KiB in the sliding-window pool")
+    shape = swa.to_json()
+    assert (shape["sliding_window"], shape["swa_kv_bytes_per_token"]) == (128, 2048)
+    assert MODELS["tiny"].to_json()["sliding_window"] is None
+
+
+def test_a_sliding_window_belongs_to_gpt_oss_only() -> None:
+    settings = dict(num_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                    vocab_size=512, server_args=(), startup_estimate_s=1.0, time_share=1.0,
+                    targets=())
+    with pytest.raises(ValueError, match="sliding_window=16 is invalid for architecture 'llama'"):
+        ModelShape(name="x", architecture="llama", sliding_window=16, **settings)
+    with pytest.raises(ValueError, match="sliding_window=None is invalid"):
+        ModelShape(name="x", architecture=GPT_OSS, **settings)
+
+
+def test_each_model_directory_is_written_by_its_layout_s_writer(tmp_path: pathlib.Path) -> None:
+    written = {name: json.loads((make_model(model, directory=tmp_path / name)
+                                 / "config.json").read_text())
+               for name, model in MODELS.items()}
+    swa = written["tiny-swa"]
+    assert swa["architectures"] == ["GptOssForCausalLM"]
+    assert swa["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    assert (swa["sliding_window"], swa["head_dim"], swa["num_key_value_heads"]) == (128, 64, 4)
+    assert swa["max_position_embeddings"] == CONTEXT_LENGTH and swa["vocab_size"] == 4096
+    assert written["tiny"]["architectures"] == ["LlamaForCausalLM"]
+    assert written["8b"]["architectures"] == ["Qwen3ForCausalLM"]
+    assert "layer_types" not in written["tiny"]
+    for name, model in MODELS.items():
+        config = written[name]
+        assert (config["num_hidden_layers"], config["hidden_size"], config["head_dim"]) == (
+            model.num_layers, model.hidden_size, model.head_dim)
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -271,12 +364,29 @@ def test_pool_limits_and_misfits_come_from_the_log() -> None:
     log = ("max_total_num_tokens=1000, max_running_requests=8, context_len=600\n"
            "later: max_total_num_tokens=30000, max_running_requests=64, context_len=4096\n")
     limits = read_pool_limits(log)
-    assert limits == PoolLimits(kv_tokens=30000, max_running_requests=64, context_len=4096)
+    assert limits == PoolLimits(kv_tokens=30000, max_running_requests=64, context_len=4096,
+                                swa_kv_tokens=None)
+    assert limits.describe() == "KV pool 30000 tokens"
     assert misfit(workload=WORKLOADS["ttft64"], limits=limits) == (
         "does not fit: KV pool 30000 tokens < 32896 needed")
     assert misfit(workload=WORKLOADS["decode1"], limits=limits) is None
     assert misfit(workload=WORKLOADS["decode1"],
                   limits=read_pool_limits("no pool line")) is None
+
+
+def test_a_hybrid_model_s_sliding_window_pool_comes_from_the_log() -> None:
+    pool_line = "max_total_num_tokens=46080, max_running_requests=2048, context_len=4096\n"
+    # the configurator logs the profiled sizes, then the capped ones
+    log = ("Use sliding window memory pool. full_layer_tokens=900000, swa_layer_tokens=720000\n"
+           "Use sliding window memory pool. full_layer_tokens=46080, swa_layer_tokens=36864\n"
+           + pool_line)
+    limits = read_pool_limits(log)
+    assert (limits.kv_tokens, limits.swa_kv_tokens) == (46080, 36864)
+    assert limits.describe() == "KV pool 46080 tokens, SWA pool 36864 tokens"
+    assert pool_problem(model=MODELS["tiny-swa"], limits=limits) is None
+    assert "no sliding-window pool" in pool_problem(model=MODELS["tiny-swa"],
+                                                    limits=read_pool_limits(pool_line))
+    assert pool_problem(model=MODELS["tiny"], limits=read_pool_limits(pool_line)) is None
 
 
 def test_refusals_name_the_canary_error_first() -> None:

@@ -36,8 +36,8 @@ def fake_servers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_SERVER_DECODE_DELAY_S", "0.002")
 
 
-def _run(tmp_path: pathlib.Path, *extra: str) -> int:
-    return bench_server.main(["--models", "tiny", "--workloads", "ttft1,decode1",
+def _run(tmp_path: pathlib.Path, *extra: str, models: str = "tiny") -> int:
+    return bench_server.main(["--models", models, "--workloads", "ttft1,decode1",
                               "--max-rounds", "2", "--time-budget-s", "200",
                               "--server-module", "fake_sglang_server",
                               "--out", str(tmp_path / "out"), "--log-dir", str(tmp_path / "logs"),
@@ -72,6 +72,28 @@ def test_every_configuration_is_measured_against_stock(
                for line in lines)
     assert any(line.strip().startswith("all-checks ttft1 <= 1.05x:") for line in lines)
     assert "the canary's own cost" in text and text in capsys.readouterr().out
+
+
+def test_the_sliding_window_model_is_served_as_a_gpt_oss_on_the_hybrid_pool(
+        tmp_path: pathlib.Path, fake_servers: None) -> None:
+    # the stand-in logs SGLang's hybrid pool line only for a config.json with sliding-window
+    # layers: the run wrote tiny-swa's directory with make_tiny_gpt_oss
+    assert _run(tmp_path, models="tiny-swa") == 0
+    document = json.loads((tmp_path / "out" / "server-tiny-swa.json").read_text())
+    text = (tmp_path / "out" / "server-tiny-swa.txt").read_text()
+    assert document["problems"] == [] and "PROBLEM" not in text
+    assert document["shape"]["architecture"] == "gpt_oss"
+    assert document["shape"]["sliding_window"] == 128
+    assert text.startswith("server-tiny-swa: gpt_oss (MoE), 4 layers: 2 sliding-window")
+    assert len(document["servers"]) == len(CONFIGS)
+    for server in document["servers"]:
+        command = server["command"]
+        assert command[command.index("--moe-runner-backend") + 1] == "triton", server["label"]
+        assert server["pool"]["kv_tokens"] == 46080 and server["pool"]["swa_kv_tokens"] == 36864
+        assert pathlib.Path(command[command.index("--model-path") + 1]).name == "tiny-swa"
+    assert "stock: stopped" in text and "KV pool 46080 tokens, SWA pool 36864 tokens" in text
+    for workload in ("ttft1", "decode1"):
+        assert document["table"][workload]["all-checks"]["vs_stock"]["samples"] == 2
 
 
 def test_a_canary_violation_is_a_problem(tmp_path: pathlib.Path, fake_servers: None,
@@ -125,6 +147,7 @@ def test_a_paused_server_is_stopped_until_resumed(tmp_path: pathlib.Path,
 def test_defaults_fit_one_device_call() -> None:
     args = bench_server.parse_args([])
     assert args.time_budget_s == 540.0 and args.models == ("tiny", "8b")
+    assert bench_server.parse_args(["--models", "tiny-swa"]).models == ("tiny-swa",)
     assert args.machine_args == ["--attention-backend", "triton", "--sampling-backend",
                                  "pytorch", "--grammar-backend", "none"]
     assert bench_server.parse_args(["--machine-args", ""]).machine_args == []
