@@ -1,5 +1,7 @@
 """The configuration layer: parsing, validation, messages."""
 
+import os
+import pathlib
 import sys
 
 import pytest
@@ -251,7 +253,8 @@ def test_generated_table_has_one_row_per_knob() -> None:
     rows = markdown_table().splitlines()[2:]
     assert len(rows) == len(KNOBS)
     for row, knob in zip(rows, KNOBS):
-        assert row.startswith(f"| `{knob.name}` | {knob.allowed} | `{knob.default}` | ")
+        default = f"`{knob.default}`" if knob.default else "unset"  # (an empty default)
+        assert row.startswith(f"| `{knob.name}` | {knob.allowed} | {default} | ")
         assert knob.meaning in row
 
 
@@ -298,6 +301,86 @@ def test_bad_flags_are_refused_with_what_is_allowed(argv: list[str], message: st
 def test_a_flag_set_where_it_has_no_effect_is_refused_like_its_variable() -> None:
     with pytest.raises(CanaryConfigError, match="would have no effect"):
         parse_config({}, argv=["--kv-canary-real-data", "partial"])  # the canary is off
+
+
+# ----------------------------------------------------------------------------- report path
+
+_REPORT_PATH = "SGLANG_KV_CANARY_REPORT_PATH"
+
+
+def test_report_path_is_off_by_default_and_made_absolute(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert parse_config({"SGLANG_KV_CANARY_MODE": "log"}).report_path is None
+    monkeypatch.chdir(tmp_path)
+    config = parse_config({"SGLANG_KV_CANARY_MODE": "log", _REPORT_PATH: " report.jsonl "})
+    assert config.report_path == str(tmp_path / "report.jsonl")
+    assert f"report_path={tmp_path / 'report.jsonl'}" in config.describe()
+    assert not (tmp_path / "report.jsonl").exists()  # checked, not created
+    existing = tmp_path / "old.jsonl"
+    existing.write_text("{}\n")
+    assert parse_config({"SGLANG_KV_CANARY_MODE": "raise",
+                         _REPORT_PATH: str(existing)}).report_path == str(existing)
+
+
+def test_an_empty_report_path_means_no_file_and_is_accepted_anywhere() -> None:
+    assert parse_config({_REPORT_PATH: ""}) == CanaryConfig()
+    assert parse_config({_REPORT_PATH: "  "}) == CanaryConfig()
+    assert parse_config({"SGLANG_KV_CANARY_MODE": "log", _REPORT_PATH: ""}).report_path is None
+
+
+def test_a_report_path_with_the_canary_off_is_refused(tmp_path: pathlib.Path) -> None:
+    raw = str(tmp_path / "r.jsonl")
+    with pytest.raises(CanaryConfigError) as info:
+        parse_config({_REPORT_PATH: raw})
+    assert f"{_REPORT_PATH}={raw!r} would have no effect" in str(info.value)
+    assert "MODE=none" in str(info.value)
+    with pytest.raises(CanaryConfigError, match="would have no effect"):  # the oracle alone
+        parse_config({"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1", _REPORT_PATH: raw})
+
+
+@pytest.mark.parametrize("relative, reason", [
+    ("missing/r.jsonl", "directory {tmp}/missing does not exist"),
+    (".", "{tmp} is a directory"),
+    ("a_file/r.jsonl", "directory {tmp}/a_file does not exist"),
+])
+def test_an_unwritable_report_path_names_variable_value_and_reason(
+    tmp_path: pathlib.Path, relative: str, reason: str
+) -> None:
+    (tmp_path / "a_file").write_text("")
+    raw = str(tmp_path / relative)
+    with pytest.raises(CanaryConfigError) as info:
+        parse_config({"SGLANG_KV_CANARY_MODE": "log", _REPORT_PATH: raw})
+    message = str(info.value)
+    assert f"{_REPORT_PATH}={raw!r} is invalid: " in message
+    assert reason.format(tmp=tmp_path) in message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_a_report_path_without_permission_is_refused(tmp_path: pathlib.Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    read_only = tmp_path / "read_only.jsonl"
+    read_only.write_text("")
+    read_only.chmod(0o400)
+    for raw, reason in ((str(locked / "r.jsonl"), "permission denied"),
+                        (str(read_only), "is not writable")):
+        with pytest.raises(CanaryConfigError, match=reason):
+            parse_config({"SGLANG_KV_CANARY_MODE": "log", _REPORT_PATH: raw})
+
+
+def test_the_report_path_flag_stands_for_its_variable(tmp_path: pathlib.Path) -> None:
+    raw = str(tmp_path / "r.jsonl")
+    config = parse_config({}, argv=["--kv-canary", "log", "--kv-canary-report-path", raw])
+    assert config.report_path == raw and config.launch_flags
+    assert parse_config({_REPORT_PATH: raw},
+                        argv=["--kv-canary=log", f"--kv-canary-report-path={raw}"]).report_path
+    with pytest.raises(CanaryConfigError, match="disagree"):
+        parse_config({_REPORT_PATH: raw}, argv=["--kv-canary", "log",
+                                                "--kv-canary-report-path", raw + ".other"])
+    with pytest.raises(CanaryConfigError, match="--kv-canary-report-path=.* is invalid"):
+        parse_config({}, argv=["--kv-canary", "log",
+                               "--kv-canary-report-path", str(tmp_path / "no" / "r")])
 
 
 def test_flags_from_argv_reads_both_forms() -> None:

@@ -186,7 +186,7 @@ def test_launch_server_help_lists_the_flags_with_the_canary_off() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "KV canary:" in result.stdout
     for flag in ("--kv-canary VALUE", "--kv-canary-real-data VALUE",
-                 "--kv-canary-sweep-interval VALUE"):
+                 "--kv-canary-sweep-interval VALUE", "--kv-canary-report-path VALUE"):
         assert flag in result.stdout
 
 

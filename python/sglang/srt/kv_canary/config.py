@@ -12,11 +12,12 @@ suggested), and a variable that is set to something other than its "off" value i
 configuration where it would have no effect (e.g. ``RING_CAPACITY`` with the canary off): a
 typo or a forgotten switch must never leave a check silently disabled.
 
-Three knobs also have a ``launch_server`` flag (:data:`LAUNCH_FLAGS`: ``--kv-canary``,
-``--kv-canary-real-data``, ``--kv-canary-sweep-interval``), read from the command line by the
-same parsing: a flag counts as its variable, and a flag and its variable both set to different
-values is refused naming both. SGLang's scheduler processes are spawned with the command line of
-the ``launch_server`` process, so every process reads the same flags.
+Four knobs also have a ``launch_server`` flag (:data:`LAUNCH_FLAGS`: ``--kv-canary``,
+``--kv-canary-real-data``, ``--kv-canary-sweep-interval``, ``--kv-canary-report-path``), read
+from the command line by the same parsing: a flag counts as its variable, and a flag and its
+variable both set to different values is refused naming both. SGLang's scheduler processes are
+spawned with the command line of the ``launch_server`` process, so every process reads the same
+flags.
 
 This module imports only the standard library: it is what runs when the canary is off.
 """
@@ -111,6 +112,8 @@ class CanaryConfig:
     stats_print_every_n_steps: int = 100
     health_check_every_n_steps: int = 100
     reinject_padded_row_bug: bool = False
+    # the forensics report file (absolute; None: no file), see monitor/report_file.py
+    report_path: str | None = None
     perturb: PerturbConfig = field(default_factory=PerturbConfig)
     # the command line names a canary flag or asks for help: launch_server's parser must know
     # the flags (the one hook registered with everything else off)
@@ -146,6 +149,8 @@ class CanaryConfig:
             parts.append(f"health_check_every={self.health_check_every_n_steps}")
             if self.reinject_padded_row_bug:
                 parts.append("padded_row_fix=OFF (bug re-injected)")
+            if self.report_path is not None:
+                parts.append(f"report_path={self.report_path}")
         parts.append(f"token_oracle={_on_off(self.enable_token_oracle)}")
         if self.canary_enabled:
             parts.append(f"write_input_assert={_on_off(self.enable_write_input_assert)}")
@@ -213,6 +218,45 @@ def _int_parser(*, minimum: int, maximum: int | None = None) -> Parser:
         return value
 
     return parse
+
+
+_REPORT_PATH_ALLOWED = (
+    "a path to a file this process can create or append to (unset or empty: no file)"
+)
+
+
+def _parse_report_path(name: str, raw: str) -> str | None:
+    """The absolute path of the report file, or None for empty text (no file).
+
+    Checks, without creating anything, that the file could be opened for appending: it is not a
+    directory and is writable, or it does not exist and its directory exists and is writable
+    (the scheduler opens it at start-up and fails the same way if that changed meanwhile).
+    """
+    text = raw.strip()
+    if not text:
+        return None
+    path = os.path.abspath(os.path.expanduser(text))
+    reason = _unwritable_reason(path)
+    if reason is not None:
+        raise CanaryConfigError(
+            f"{name}={raw!r} is invalid: {reason}; allowed: {_REPORT_PATH_ALLOWED}"
+        )
+    return path
+
+
+def _unwritable_reason(path: str) -> str | None:
+    """Why ``path`` cannot be opened for appending, or None when it can (as far as the
+    permissions say)."""
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else f"{path} is not writable (permission denied)"
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        return f"directory {directory} does not exist"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"cannot create a file in {directory} (permission denied)"
+    return None
 
 
 def _parse_probability(name: str, raw: str) -> float:
@@ -363,6 +407,13 @@ KNOBS: tuple[Knob, ...] = (
          meaning="debug: leave SGLang 0.5.12's stale padded CUDA-graph rows unfixed, to see "
                  "what the canary reports (padded_row)",
          off_value="0", no_effect=_needs_canary),
+    Knob(suffix="REPORT_PATH", field="report_path", parse=_parse_report_path, default="",
+         allowed="file path",
+         meaning="forensics file: the scheduler appends one JSON object per line (a header, "
+                 "every violation row with its request's rid, forward mode and batch size, "
+                 "repeats included and marked, each ring overflow); read it with `python -m "
+                 "sglang.srt.kv_canary.report FILE` (unset: no file)",
+         off_value="", no_effect=_needs_canary),
     Knob(suffix="PERTURB_WARMUP_STEPS", field="perturb.warmup_steps",
          parse=_int_parser(minimum=0), default="50", allowed="integer >= 0",
          meaning="no perturbation before this many forward steps (next_token_swap: calls of "
@@ -414,7 +465,8 @@ def markdown_table() -> str:
         meaning = knob.meaning
         if knob.suffix in NOT_YET_IMPLEMENTED:
             meaning += " — not implemented yet, refused"
-        lines.append(f"| `{knob.name}` | {knob.allowed} | `{knob.default}` | {meaning} |")
+        default = f"`{knob.default}`" if knob.default else "unset"
+        lines.append(f"| `{knob.name}` | {knob.allowed} | {default} | {meaning} |")
     return "\n".join(lines)
 
 
@@ -443,6 +495,7 @@ LAUNCH_FLAGS: Mapping[str, str] = {
     "--kv-canary": "MODE",
     "--kv-canary-real-data": "REAL_DATA",
     "--kv-canary-sweep-interval": "SWEEP_INTERVAL",
+    "--kv-canary-report-path": "REPORT_PATH",
 }
 LAUNCH_FLAG_PREFIX = "--kv-canary"
 _HELP_FLAGS = ("-h", "--help")

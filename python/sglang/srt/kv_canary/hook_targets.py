@@ -92,8 +92,8 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         hook_type="before",
         adapter=f"{_ADAPTERS}.server_args:add_launch_flags",
         needed=_launch_flags,
-        purpose="launch_server parses (and --help lists) --kv-canary, --kv-canary-real-data "
-                "and --kv-canary-sweep-interval",
+        purpose="launch_server parses (and --help lists) --kv-canary, --kv-canary-real-data, "
+                "--kv-canary-sweep-interval and --kv-canary-report-path",
     ),
     # ------------------------------------------------------------- scheduler
     HookSpec(

@@ -56,6 +56,9 @@ class CanaryBatchInputs:
         extend_reqs: the batch's requests, one per row (``ModelWorkerBatch.reqs``), kept for an
             EXTEND / MIXED batch's write-input expectations, which the runner builds once the
             model is enqueued.
+        request_owners: ``(req_pool_idx, rid)`` of each row as of ``init_new``, for the report
+            file's forward history (only with the report file on, and only for a batch whose
+            rows the runner packs: None for a plain decode step).
     """
 
     runner: object
@@ -64,6 +67,7 @@ class CanaryBatchInputs:
     row_updates: object | None = None
     sampled_rows: object | None = None
     extend_reqs: Sequence[Any] | None = None
+    request_owners: Sequence[tuple[int, str]] | None = None
 
     def replace(self, **changes: Any) -> CanaryBatchInputs:
         return dataclasses.replace(self, **changes)

@@ -10,6 +10,7 @@ _FLAG_HELP = {
     "MODE": "none, log or raise",
     "REAL_DATA": "none, partial or all",
     "SWEEP_INTERVAL": "an integer >= 0",
+    "REPORT_PATH": "a JSON-lines file the scheduler appends every violation to",
 }
 
 

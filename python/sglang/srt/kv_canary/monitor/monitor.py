@@ -26,7 +26,7 @@ from sglang.srt.kv_canary.monitor.health import HealthChecker
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
 from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT, CounterSnapshot
 from sglang.srt.kv_canary.monitor.stats import idle_line, next_multiple, stats_due, stats_line
-from sglang.srt.kv_canary.monitor.violation_reporter import ViolationReporter
+from sglang.srt.kv_canary.monitor.violation_reporter import ReportSink, ViolationReporter
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +48,18 @@ class CanaryMonitor:
         line_suffix: str = "",
         clock: Callable[[], float] = time.monotonic,
         mailbox: CounterMailbox | None = None,
+        report_sink: ReportSink | None = None,
     ) -> None:
         """``seal`` is the publish launch (``seal(counters=...)``, see :class:`CounterMailbox`);
         ``line_suffix`` ends every violation, health and stats line (`` pool=draft`` for an
         EAGLE draft model's canary); ``clock`` (seconds) paces :meth:`poll_idle`; ``mailbox``
-        replaces the mailbox of ``state``'s counters (tests: one whose copies land late)."""
+        replaces the mailbox of ``state``'s counters (tests: one whose copies land late);
+        ``report_sink`` receives every report of the violation reporter (the report file)."""
         self._suffix = line_suffix
         self._mailbox = mailbox or CounterMailbox(counters=state.counters, seal=seal)
         self._reporter = ViolationReporter(
-            ring=state.ring, counters=state.counters, mode=config.mode, line_suffix=line_suffix
+            ring=state.ring, counters=state.counters, mode=config.mode, line_suffix=line_suffix,
+            sink=report_sink,
         )
         self._health = HealthChecker(every_n_steps=config.health_check_every_n_steps)
         self._stats_every = config.stats_print_every_n_steps

@@ -13,16 +13,23 @@ counted and reported, never mistaken for rows.
 
 Log mode de-duplicates persisting corruption: a row is logged in full unless the same ``(check,
 req_pool_idx, slot, position, reasons)`` was also reported by the previous forward step or this
-one (then it is the same corruption still there, and it is counted instead). A corruption that goes away and comes back
-is printed again. A summary line says how many repeats were suppressed (at most once per
-:data:`REPEAT_SUMMARY_EVERY` reports), so one persistent bad slot cannot flood the log or hide a
-new, different corruption. Raise mode raises at the first new row (no de-duplication).
+one (then it is the same corruption still there, and it is counted instead). A corruption that
+goes away and comes back is printed again. A summary line says how many repeats were suppressed
+(at most once per :data:`REPEAT_SUMMARY_EVERY` reports), so one persistent bad slot cannot flood
+the log or hide a new, different corruption. Raise mode raises at the first new row (no
+de-duplication).
+
+A :class:`ReportSink` (the report file, ``SGLANG_KV_CANARY_REPORT_PATH``) receives every report
+in full before anything is logged or raised: every row, the repeats too (flagged), and the
+number of rows dropped.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -40,6 +47,20 @@ REPEAT_SUMMARY_EVERY = 100  # reports between two "repeats suppressed" lines
 _Key = tuple[int, int, int, int, int]
 
 
+class ReportSink(Protocol):
+    """Receives each report of a :class:`ViolationReporter` whole (cold path only)."""
+
+    def record(
+        self, *, rows: Sequence[ViolationRow], repeats: Sequence[bool], dropped: int,
+        dropped_total: int, first_index: int, end_index: int,
+    ) -> None:
+        """One report: the new rows read (``repeats[i]``: log mode does not print ``rows[i]``,
+        the same corruption was reported one step earlier; always False in raise mode),
+        ``dropped`` rows the ring lost (``dropped_total`` so far), the violation indices
+        ``[first_index, end_index)`` handled. Must not raise."""
+        ...
+
+
 class ViolationReporter:
     """Reports each violation: WARNING lines in ``log`` mode (a corruption still present one
     step later is summarized, not printed again), an exception in ``raise`` mode.
@@ -48,17 +69,19 @@ class ViolationReporter:
         ring: the device ring, int64 ``[capacity, RING_ROW_FIELDS]``.
         counters: the device counters (``COUNTER_CONSUMED`` is written here).
         mode: log or raise.
+        line_suffix: ends every violation line (`` pool=draft`` for an EAGLE draft model's
+            canary, whose rows describe the draft pool).
+        sink: receives every report before it is logged or raised (None: none).
     """
 
     def __init__(
         self, *, ring: torch.Tensor, counters: torch.Tensor, mode: CanaryMode,
-        line_suffix: str = "",
+        line_suffix: str = "", sink: ReportSink | None = None,
     ) -> None:
-        """``line_suffix`` ends every violation line (`` pool=draft`` for an EAGLE draft
-        model's canary, whose rows describe the draft pool)."""
         if mode is CanaryMode.NONE:
             raise ValueError("ViolationReporter needs mode log or raise, got none")
         self._suffix = line_suffix
+        self._sink = sink
         self._ring = ring
         self._counters = counters
         self._mode = mode
@@ -97,18 +120,23 @@ class ViolationReporter:
             if dropped
             else None
         )
-        if self._mode is CanaryMode.RAISE:
+        raising = self._mode is CanaryMode.RAISE
+        repeats = [False] * len(rows) if raising else self._repeat_flags(rows)
+        if self._sink is not None:
+            self._sink.record(rows=rows, repeats=repeats, dropped=dropped,
+                              dropped_total=self.rows_dropped, first_index=first, end_index=end)
+        if raising:
             lines = [row.to_line() + self._suffix for row in rows]
             lines += [drop_line] if drop_line else []
             for line in lines:
                 logger.error(line)
             self.rows_reported += len(rows)
             raise CanaryViolationError(rows=rows, lines=lines)
-        new_rows, repeats = self._split_repeats(rows)
+        new_rows = [row for row, repeat in zip(rows, repeats) if not repeat]
         for row in new_rows:
             logger.warning(row.to_line() + self._suffix)
         self.rows_reported += len(new_rows)
-        self.rows_suppressed += repeats
+        self.rows_suppressed += len(rows) - len(new_rows)
         self._reports += 1
         unsummarized = self.rows_suppressed - self._summarized
         if unsummarized and (self._summarized == 0 or self._reports % REPEAT_SUMMARY_EVERY == 0):
@@ -139,18 +167,15 @@ class ViolationReporter:
             if row[ROW_INDEX] == index
         ]
 
-    def _split_repeats(self, rows: list[ViolationRow]) -> tuple[list[ViolationRow], int]:
-        """Rows to print, and how many rows continue a corruption reported one step earlier."""
-        new_rows: list[ViolationRow] = []
-        repeats = 0
+    def _repeat_flags(self, rows: list[ViolationRow]) -> list[bool]:
+        """For each row: whether it continues a corruption reported one step earlier (or in
+        this step), so log mode does not print it."""
+        flags: list[bool] = []
         for row in rows:
             key = (int(row.check), row.req_pool_idx, row.slot, row.position, row.reasons)
             last = self._last_step.pop(key, None)
             self._last_step[key] = row.step
-            if last is not None and 0 <= row.step - last <= 1:
-                repeats += 1
-            else:
-                new_rows.append(row)
+            flags.append(last is not None and 0 <= row.step - last <= 1)
         while len(self._last_step) > MAX_TRACKED_KEYS:
             self._last_step.popitem(last=False)
-        return new_rows, repeats
+        return flags

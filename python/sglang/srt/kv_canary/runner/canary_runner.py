@@ -19,6 +19,7 @@ component              job
 ``CanaryMonitor``      violations, health, stats (no host sync)
 ``RadixSweep``         the incremental radix sweep
 ``FaultInjector``      self-test faults
+``ForwardHistory``     report file on: each step's mode, batch size and rows' owners
 =====================  ===================================================================
 
 ==============================  ==========================================================
@@ -61,7 +62,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -117,6 +118,9 @@ from sglang.srt.kv_canary.token_oracle.sampler import (
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
+if TYPE_CHECKING:
+    from sglang.srt.kv_canary.monitor.forward_history import ForwardHistory
+
 logger = logging.getLogger(__name__)
 
 RUNNER_ATTRIBUTE = "kv_canary"  # attribute of a ModelRunner
@@ -162,6 +166,7 @@ class CanaryRunner:
         self.uploader: RowUploader | None = None
         self.speculative: SpeculativeCanary | None = None
         self._injector: FaultInjector | None = None
+        self._forward_history: ForwardHistory | None = None  # report file on
         self._inside_faults: list[InjectedFault] = []  # undone before the post launch
         self._live_batch: ForwardBatch | None = None  # the batch of the eager forward running
         self.sweep: RadixSweep | None = None
@@ -239,6 +244,7 @@ class CanaryRunner:
         self.token_checks, self.request_rows = parts.token_checks, parts.request_rows
         self.uploader, self.speculative = parts.uploader, parts.speculative
         self._injector = parts.injector
+        self._forward_history = parts.forward_history
         install_model_forward(
             model=model_runner.model, before=self.launch_before_model,
             after=self.launch_after_model,
@@ -375,6 +381,7 @@ class CanaryRunner:
                 )
         row_updates = None
         extend_reqs = None
+        request_owners = None
         request_rows = self.request_rows
         if request_rows is not None and rows > 0:
             kind = forward_kind(forward_batch)
@@ -388,6 +395,8 @@ class CanaryRunner:
                     # the model (and, write-input assert on, the expectations built)
                     defer_new_owners=kind is ForwardKind.EXTEND,
                 )
+                if self._forward_history is not None:  # (the rows are read here anyway)
+                    request_owners = [(req.req_pool_idx, req.rid) for req in reqs]
             if self.token_checks is not None and self.token_checks.wants_extend_reqs(
                 forward_batch
             ):
@@ -399,6 +408,7 @@ class CanaryRunner:
             row_updates=row_updates,
             sampled_rows=sampled_rows,
             extend_reqs=extend_reqs,
+            request_owners=request_owners,
         )
         attach_batch_inputs(forward_batch, inputs)
         if forward_batch.sampling_info is not None:
@@ -453,6 +463,8 @@ class CanaryRunner:
         live = kind is not None and forward_batch.batch_size > 0
         if live:
             self._upload(forward_batch)
+            if self._forward_history is not None:
+                self._record_forward(forward_batch)
         faults = (
             self._injector.before_forward(forward_batch=forward_batch, step=self._steps)
             if live and self._injector is not None
@@ -530,6 +542,15 @@ class CanaryRunner:
         self._last_upload = updates
         self.uploader.apply(updates, mark=mark)
 
+    def _record_forward(self, forward_batch: ForwardBatch) -> None:
+        """Report file on: note this step's mode, batch size and (packed batches) the rows'
+        owners in the forward history, from host values only."""
+        inputs = batch_inputs_of(forward_batch)
+        self._forward_history.record_forward(
+            step=self._steps, mode=forward_batch.forward_mode, batch_size=forward_batch.batch_size,
+            owners=None if inputs is None else inputs.request_owners,
+        )
+
     def on_sampled(self, *, forward_batch: Any, next_token_ids: torch.Tensor) -> None:
         """``ModelRunner.sample`` returned: the sampled tokens join their rows' token history on
         the device (one launch; token checks on)."""
@@ -594,6 +615,8 @@ class CanaryRunner:
         self.monitor.poll()
         if forward_batch.batch_size > 0:
             self._upload(forward_batch)
+            if self._forward_history is not None:
+                self._record_forward(forward_batch)
         result = replay()
         self.accounting.replayed_same_per_size(graph_runner=graph_runner)
         self._publish_counters()

@@ -3,12 +3,14 @@
 :func:`build_pool_components` is what ``CanaryRunner.on_memory_pool`` does: the pool seam for the
 model runner's pools, the device state beside them, and every component that reads or writes
 that state (:class:`PoolComponents`); :func:`installed_line` describes them in the start-up log.
+With ``SGLANG_KV_CANARY_REPORT_PATH`` set, also the report file and the forward history it reads
+(:func:`_report_parts`; their modules are imported only then).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,7 +46,13 @@ from sglang.srt.kv_canary.token_history.history import TokenHistory
 from sglang.srt.kv_canary.token_history.write_expectations import WriteExpectations
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 
-DRAFT_LINE_SUFFIX = " pool=draft"  # ends the EAGLE draft canary's violation / health / stats lines
+if TYPE_CHECKING:
+    from sglang.srt.kv_canary.monitor.forward_history import ForwardHistory
+    from sglang.srt.kv_canary.monitor.report_file import ViolationReportFile
+
+DRAFT_POOL = "draft"  # the EAGLE draft canary's pool, in its lines and report-file objects
+# ends the EAGLE draft canary's violation / health / stats lines
+DRAFT_LINE_SUFFIX = f" pool={DRAFT_POOL}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +67,9 @@ class PoolComponents:
     speculative: SpeculativeCanary | None  # None without EAGLE
     monitor: CanaryMonitor
     injector: FaultInjector | None  # None without faults, and on an EAGLE draft model's canary
+    # the forwards' modes, batch sizes and request rows' owners (None without the report file)
+    forward_history: ForwardHistory | None = None
+    report_file: ViolationReportFile | None = None  # None without the report file
 
 
 def build_pool_components(
@@ -76,6 +87,7 @@ def build_pool_components(
         CanaryUnsupportedError: the pools are not ones the canary covers, or their real-data
             buffers cannot be fingerprinted.
         RuntimeError: the write-input assert is on but no oracle is installed.
+        ReportFileError: the report file cannot be opened or written.
     """
     is_draft = bool(getattr(model_runner, "is_draft_worker", False))
     server_args = model_runner.server_args
@@ -129,8 +141,11 @@ def build_pool_components(
             is_draft=is_draft,
             reinject_padded_row_bug=config.reinject_padded_row_bug,
         )
+    history, report_file = _report_parts(config=config, model_runner=model_runner, pool=pool,
+                                         state=state, is_draft=is_draft)
     monitor = CanaryMonitor(state=state, config=config, seal=kernels.publish_counters,
-                            line_suffix=DRAFT_LINE_SUFFIX if is_draft else "")
+                            line_suffix=DRAFT_LINE_SUFFIX if is_draft else "",
+                            report_sink=report_file)
     # faults are injected into the target model's forwards (the draft canary checks its own
     # pool and reports with DRAFT_LINE_SUFFIX)
     injector = None if is_draft else build_fault_injector(
@@ -139,7 +154,32 @@ def build_pool_components(
     )
     return PoolComponents(pool=pool, state=state, token_checks=token_checks,
                           request_rows=request_rows, uploader=uploader,
-                          speculative=speculative_canary, monitor=monitor, injector=injector)
+                          speculative=speculative_canary, monitor=monitor, injector=injector,
+                          forward_history=history, report_file=report_file)
+
+
+def _report_parts(
+    *, config: CanaryConfig, model_runner: Any, pool: CanaryPool, state: CanaryDeviceState,
+    is_draft: bool,
+) -> tuple[ForwardHistory | None, ViolationReportFile | None]:
+    """The forward history and the report file (header written), or ``(None, None)`` without
+    ``SGLANG_KV_CANARY_REPORT_PATH`` (nothing imported then).
+
+    Raises:
+        ReportFileError: the file cannot be opened or written.
+    """
+    if config.report_path is None:
+        return None, None
+    from sglang.srt.kv_canary.monitor.forward_history import ForwardHistory
+    from sglang.srt.kv_canary.monitor.report_file import open_report_file
+
+    history = ForwardHistory()
+    report_file = open_report_file(
+        config=config, history=history, pool=DRAFT_POOL if is_draft else None,
+        pool_description=pool.describe(), ring_capacity=state.ring_capacity,
+        tp_rank=getattr(model_runner, "tp_rank", None),
+    )
+    return history, report_file
 
 
 def _write_expectations(
@@ -182,11 +222,12 @@ def installed_line(*, parts: PoolComponents, config: CanaryConfig, kernels: Cana
         " on the EAGLE draft model's pool (slot p holds the token at p + 1; its lines end "
         f"with '{DRAFT_LINE_SUFFIX.strip()}')" if is_draft else ""
     )
+    report = "" if parts.report_file is None else f", report file {parts.report_file.path}"
     return (
         f"KV canary installed{pool}: records {RECORD_BYTES} B/slot x {state.num_slots} slots = "
         f"{state.num_slots * RECORD_BYTES / 2**20:.2f} MiB (pool {parts.pool.describe()}), "
         f"violation ring {state.ring_capacity} rows, real data {real_data}, "
-        f"{token_checks}, kernels {kernels.backend.value}, device {state.device}; "
+        f"{token_checks}, kernels {kernels.backend.value}, device {state.device}{report}; "
         f"memory from the KV budget: {per_token_bytes()} B/token added to the KV cell "
         f"size, fixed buffers reserved {reserved.describe()}"
     )
