@@ -33,5 +33,10 @@ class CounterSnapshot:
     def entries(self, kind: CheckKind) -> int:
         return self.counters[COUNTER_ENTRIES + kind]
 
+    @property
+    def slots_verified(self) -> int:
+        """Slot verifications so far: pre-forward plus post-forward entries."""
+        return self.entries(CheckKind.PRE_VERIFY) + self.entries(CheckKind.POST_VERIFY)
+
 
 ZERO_SNAPSHOT = CounterSnapshot(steps=0, launches=0, sweep_launches=0, counters=(0,) * NUM_COUNTERS)

@@ -20,9 +20,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from typing import Protocol
+
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import CanaryConfig
-from sglang.srt.kv_canary.monitor.health import HealthChecker
+from sglang.srt.kv_canary.monitor.health import CanaryHealthError, HealthChecker
 from sglang.srt.kv_canary.monitor.counter_mailbox import CounterMailbox
 from sglang.srt.kv_canary.monitor.counter_snapshots import ZERO_SNAPSHOT, CounterSnapshot
 from sglang.srt.kv_canary.monitor.stats import idle_line, next_multiple, stats_due, stats_line
@@ -34,6 +36,18 @@ IDLE_POLL_INTERVAL_S = 0.001  # idle passes without a forward in between poll at
 # a poll that finds the violation counter unchanged reads the whole publication only this often
 # (the newest snapshot then trails by a few steps: far below health.MAX_SNAPSHOT_LAG_STEPS)
 WHOLE_READ_EVERY_POLLS = 8
+
+
+class MonitorMetrics(Protocol):
+    """Told what the monitor learned on the host (the prometheus metrics, :mod:`.metrics`)."""
+
+    def snapshot_read(self, *, previous: CounterSnapshot, latest: CounterSnapshot) -> None:
+        """The newest snapshot read went from ``previous`` to ``latest``. Must not raise."""
+        ...
+
+    def health_checked(self, *, ok: bool) -> None:
+        """A periodic health check ran (``ok``: it passed). Must not raise."""
+        ...
 
 
 class CanaryMonitor:
@@ -49,13 +63,16 @@ class CanaryMonitor:
         clock: Callable[[], float] = time.monotonic,
         mailbox: CounterMailbox | None = None,
         report_sink: ReportSink | None = None,
+        metrics: MonitorMetrics | None = None,
     ) -> None:
         """``seal`` is the publish launch (``seal(counters=...)``, see :class:`CounterMailbox`);
         ``line_suffix`` ends every violation, health and stats line (`` pool=draft`` for an
         EAGLE draft model's canary); ``clock`` (seconds) paces :meth:`poll_idle`; ``mailbox``
         replaces the mailbox of ``state``'s counters (tests: one whose copies land late);
-        ``report_sink`` receives every report of the violation reporter (the report file)."""
+        ``report_sink`` receives every report of the violation reporter (the report file, the
+        metrics); ``metrics`` is told of every snapshot read and health check run."""
         self._suffix = line_suffix
+        self._metrics = metrics
         self._mailbox = mailbox or CounterMailbox(counters=state.counters, seal=seal)
         self._reporter = ViolationReporter(
             ring=state.ring, counters=state.counters, mode=config.mode, line_suffix=line_suffix,
@@ -114,6 +131,8 @@ class CanaryMonitor:
         self._polls_since_read = 0
         snapshot = self._mailbox.read()
         if snapshot is not None:
+            if self._metrics is not None:
+                self._metrics.snapshot_read(previous=self._latest, latest=snapshot)
             self._latest = snapshot
             self._reporter.report(violation_count=snapshot.violations)
 
@@ -163,8 +182,15 @@ class CanaryMonitor:
             return
         self._next_periodic_step = self._periodic_step_after(steps)
         self._periodic_next = following == self._next_periodic_step
-        health_line = self._health.check(steps=steps, latest=self._latest)
+        try:
+            health_line = self._health.check(steps=steps, latest=self._latest)
+        except CanaryHealthError:
+            if self._metrics is not None:
+                self._metrics.health_checked(ok=False)
+            raise
         if health_line is not None:
+            if self._metrics is not None:
+                self._metrics.health_checked(ok=True)
             logger.info(health_line + self._suffix)
         if stats_due(steps=steps, every_n_steps=self._stats_every):
             logger.info(stats_line(self._latest) + self._suffix)

@@ -36,9 +36,8 @@ STATS_LINE_RE = re.compile(
 
 
 def stats_line(snapshot: CounterSnapshot) -> str:
-    protected = snapshot.entries(CheckKind.PRE_VERIFY) + snapshot.entries(CheckKind.POST_VERIFY)
     return (
-        f"KV canary stats: protected {protected} tokens (slots verified), "
+        f"KV canary stats: protected {snapshot.slots_verified} tokens (slots verified), "
         f"{snapshot.entries(CheckKind.WRITE)} slots written, "
         f"{snapshot.kernel_runs(CheckKind.SWEEP)} sweeps "
         f"({snapshot.entries(CheckKind.SWEEP)} slots swept), "

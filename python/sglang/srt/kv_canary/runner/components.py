@@ -4,7 +4,8 @@
 model runner's pools, the device state beside them, and every component that reads or writes
 that state (:class:`PoolComponents`); :func:`installed_line` describes them in the start-up log.
 With ``SGLANG_KV_CANARY_REPORT_PATH`` set, also the report file and the forward history it reads
-(:func:`_report_parts`; their modules are imported only then).
+(:func:`_report_parts`; their modules are imported only then). With ``--enable-metrics``, also
+the prometheus metrics (:func:`_metrics`; prometheus_client is imported only then).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
 from sglang.srt.kv_canary.config import CanaryConfig
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
+from sglang.srt.kv_canary.monitor.report_sinks import combine_sinks
 from sglang.srt.kv_canary.perturb.injector import FaultInjector, build_fault_injector
 from sglang.srt.kv_canary.pools import canary_pool_for
 from sglang.srt.kv_canary.pools.seam import CanaryPool
@@ -48,9 +50,11 @@ from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 
 if TYPE_CHECKING:
     from sglang.srt.kv_canary.monitor.forward_history import ForwardHistory
+    from sglang.srt.kv_canary.monitor.metrics import CanaryMetrics
     from sglang.srt.kv_canary.monitor.report_file import ViolationReportFile
 
 DRAFT_POOL = "draft"  # the EAGLE draft canary's pool, in its lines and report-file objects
+TARGET_POOL = "target"  # the target model's canary, in its metrics' pool label
 # ends the EAGLE draft canary's violation / health / stats lines
 DRAFT_LINE_SUFFIX = f" pool={DRAFT_POOL}"
 
@@ -70,6 +74,7 @@ class PoolComponents:
     # the forwards' modes, batch sizes and request rows' owners (None without the report file)
     forward_history: ForwardHistory | None = None
     report_file: ViolationReportFile | None = None  # None without the report file
+    metrics: CanaryMetrics | None = None  # None without --enable-metrics
 
 
 def build_pool_components(
@@ -143,9 +148,11 @@ def build_pool_components(
         )
     history, report_file = _report_parts(config=config, model_runner=model_runner, pool=pool,
                                          state=state, is_draft=is_draft)
+    metrics = _metrics(model_runner=model_runner, is_draft=is_draft)
     monitor = CanaryMonitor(state=state, config=config, seal=kernels.publish_counters,
                             line_suffix=DRAFT_LINE_SUFFIX if is_draft else "",
-                            report_sink=report_file)
+                            report_sink=combine_sinks(sinks=(report_file, metrics)),
+                            metrics=metrics)
     # faults are injected into the target model's forwards (the draft canary checks its own
     # pool and reports with DRAFT_LINE_SUFFIX)
     injector = None if is_draft else build_fault_injector(
@@ -155,7 +162,7 @@ def build_pool_components(
     return PoolComponents(pool=pool, state=state, token_checks=token_checks,
                           request_rows=request_rows, uploader=uploader,
                           speculative=speculative_canary, monitor=monitor, injector=injector,
-                          forward_history=history, report_file=report_file)
+                          forward_history=history, report_file=report_file, metrics=metrics)
 
 
 def _report_parts(
@@ -180,6 +187,20 @@ def _report_parts(
         tp_rank=getattr(model_runner, "tp_rank", None),
     )
     return history, report_file
+
+
+def _metrics(*, model_runner: Any, is_draft: bool) -> CanaryMetrics | None:
+    """The canary's prometheus metrics, labeled like the scheduler's own (its ranks from
+    ``model_runner``), or None without ``server_args.enable_metrics`` (nothing imported then)."""
+    if not model_runner.server_args.enable_metrics:
+        return None
+    from sglang.srt.kv_canary.monitor.metrics import build_canary_metrics
+
+    return build_canary_metrics(
+        server_args=model_runner.server_args, pool=DRAFT_POOL if is_draft else TARGET_POOL,
+        tp_rank=model_runner.tp_rank, pp_rank=model_runner.pp_rank,
+        moe_ep_rank=model_runner.moe_ep_rank, dp_rank=model_runner.dp_rank,
+    )
 
 
 def _write_expectations(
@@ -223,6 +244,7 @@ def installed_line(*, parts: PoolComponents, config: CanaryConfig, kernels: Cana
         f"with '{DRAFT_LINE_SUFFIX.strip()}')" if is_draft else ""
     )
     report = "" if parts.report_file is None else f", report file {parts.report_file.path}"
+    report += "" if parts.metrics is None else ", prometheus metrics kv_canary_*"
     return (
         f"KV canary installed{pool}: records {RECORD_BYTES} B/slot x {state.num_slots} slots = "
         f"{state.num_slots * RECORD_BYTES / 2**20:.2f} MiB (pool {parts.pool.describe()}), "

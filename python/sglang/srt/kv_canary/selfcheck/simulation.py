@@ -117,6 +117,11 @@ class SimulatedServerArgs:
     speculative_algorithm: str | None = None
     disable_overlap_schedule: bool = False
     sampling_backend: str = "token_oracle"
+    # --enable-metrics and the labels of SGLang's scheduler metrics
+    enable_metrics: bool = False
+    served_model_name: str = "simulated"
+    disaggregation_mode: str = "null"
+    extra_metric_labels: dict[str, str] | None = None
 
 
 class SimulatedModelRunner:
@@ -140,6 +145,8 @@ class SimulatedModelRunner:
         self.is_draft_worker = False
         self.page_size = token_to_kv_pool.page_size
         self.dp_size = 1
+        self.tp_rank = self.pp_rank = self.moe_ep_rank = 0
+        self.dp_rank: int | None = None
         self.sliding_window_size = sliding_window_size
 
     def forward(self, forward_batch: ForwardBatch) -> Any:
