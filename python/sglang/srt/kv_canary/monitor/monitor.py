@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-
 from typing import Protocol
 
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
