@@ -139,6 +139,8 @@ shard 2 swa-faults-full 150
     test/registered/e2e/test_swa_e2e.py::test_faults_in_the_full_attention_sub_pool_are_caught
 shard 2 kernels-window 90
     test/registered/kernels/test_slot_window.py
+shard 2 report-metrics 150
+    test/registered/e2e/test_report_e2e.py
 '
 
 repo=$(pwd)
