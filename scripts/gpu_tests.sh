@@ -74,6 +74,12 @@ shard 1 swa-clean-graphs 150
     test/registered/e2e/test_swa_e2e.py::test_a_sliding_window_model_serves_clean_with_cuda_graphs
 shard 1 swa-clean-paged 150
     test/registered/e2e/test_swa_e2e.py::test_a_sliding_window_model_serves_clean_without_graphs_at_page_16
+shard 1 mla-clean 170
+    test/registered/e2e/test_mla_e2e.py::test_an_mla_model_serves_clean_with_cuda_graphs
+    test/registered/e2e/test_mla_e2e.py::test_an_untested_mla_attention_backend_is_refused_at_start_up
+shard 1 mla-faults 230
+    test/registered/e2e/test_mla_e2e.py::test_faults_on_an_mla_pool_are_caught
+    test/registered/e2e/test_mla_e2e.py::test_faults_on_an_fp8_mla_pool_are_caught
 shard 1 memory 125 serial
     test/registered/e2e/test_startup_e2e.py::test_canary_off_leaves_no_trace_in_the_log
     test/registered/e2e/test_startup_e2e.py::test_log_mode_serves_and_logs_the_startup_line
@@ -141,6 +147,16 @@ shard 2 kernels-window 90
     test/registered/kernels/test_slot_window.py
 shard 2 report-metrics 150
     test/registered/e2e/test_report_e2e.py
+shard 2 mla-fp8-clean 150
+    test/registered/e2e/test_mla_e2e.py::test_an_mla_model_with_fp8_kv_serves_clean
+shard 2 mla-flashinfer 250
+    test/registered/e2e/test_mla_e2e.py::test_an_mla_model_serves_clean_with_flashinfer_attention
+shard 2 fp8-mha 220
+    test/registered/e2e/test_mla_e2e.py::test_an_mha_model_with_fp8_kv_serves_clean_and_its_faults_are_caught
+shard 2 fp4-mha 90
+    test/registered/e2e/test_mla_e2e.py::test_the_canary_attaches_to_the_fp4_pool_which_sglang_0_5_12_cannot_serve
+shard 2 containment 190
+    test/registered/e2e/test_containment_e2e.py
 '
 
 repo=$(pwd)

@@ -36,6 +36,7 @@ from e2e_fixtures import (  # noqa: E402,F401 - fixtures and their report hook
     keep_log,
     pytest_runtest_makereport,
     shared_servers,
+    tiny_deepseek_dir,
     tiny_eagle_draft_dir,
     tiny_gpt_oss_dir,
     tiny_model_dir,

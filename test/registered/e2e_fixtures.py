@@ -2,8 +2,9 @@
 
 Loaded by ``test/registered/conftest.py`` so that every test directory sees it.
 
-* ``tiny_model_dir`` / ``tiny_eagle_draft_dir`` / ``tiny_gpt_oss_dir`` (session): the offline
-  tiny models (Llama, its EAGLE draft, a hybrid sliding-window GPT-OSS), made once.
+* ``tiny_model_dir`` / ``tiny_eagle_draft_dir`` / ``tiny_gpt_oss_dir`` / ``tiny_deepseek_dir``
+  (session): the offline tiny models (Llama, its EAGLE draft, a hybrid sliding-window GPT-OSS,
+  an MLA DeepSeek-V2), made once.
 * ``canary_server(env=..., args=...)``: launches ``python -m sglang.launch_server`` on the tiny
   model, waits (bounded) until it is ready and returns a
   :class:`~sglang.srt.kv_canary.tools.server.RunningServer`. Only the ``SGLANG_KV_CANARY_*``
@@ -16,8 +17,8 @@ Loaded by ``test/registered/conftest.py`` so that every test directory sees it.
   assertions true may share one. Logs go under ``$KV_CANARY_TEST_LOG_DIR/<module>/``; a failing
   test's report carries the tail of its module's shared servers too.
 * ``keep_log(path)``: copy any other log (e.g. the demo's server log) the same way.
-* ``expect_launch_failure(env=..., args=..., timeout_s=...)``: a launch that must stop by
-  itself with a non-zero code, fast; returns a
+* ``expect_launch_failure(env=..., args=..., timeout_s=..., model_dir=...)``: a launch that
+  must stop by itself with a non-zero code, fast; returns a
   :class:`~sglang.srt.kv_canary.tools.server.LaunchOutcome` (``returncode``, ``output``,
   ``elapsed_s``).
 
@@ -44,6 +45,7 @@ from sglang.srt.kv_canary.tools.server import (
     start_server,
 )
 from sglang.srt.kv_canary.tools.tiny_model import (
+    make_tiny_deepseek_v2,
     make_tiny_eagle_draft,
     make_tiny_gpt_oss,
     make_tiny_model,
@@ -88,6 +90,11 @@ def tiny_eagle_draft_dir(tmp_path_factory: pytest.TempPathFactory,
 @pytest.fixture(scope="session")
 def tiny_gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return make_tiny_gpt_oss(directory=tmp_path_factory.mktemp("tiny_gpt_oss"))
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return make_tiny_deepseek_v2(directory=tmp_path_factory.mktemp("tiny_deepseek"))
 
 
 def _launch(*, tmp_path: pathlib.Path, model_dir: pathlib.Path,
@@ -240,14 +247,14 @@ def keep_log(request: pytest.FixtureRequest) -> Callable[[pathlib.Path], None]:
 @pytest.fixture
 def expect_launch_failure(request: pytest.FixtureRequest, tiny_model_dir: pathlib.Path,
                           tmp_path: pathlib.Path) -> Callable[..., LaunchOutcome]:
-    """Factory: ``expect_launch_failure(env=None, args=(), timeout_s=60)`` -> LaunchOutcome;
-    fails the test when the launch exits 0 or still runs after ``timeout_s``."""
+    """Factory: ``expect_launch_failure(env=None, args=(), timeout_s=60, model_dir=None)`` ->
+    LaunchOutcome; fails the test when the launch exits 0 or still runs after ``timeout_s``."""
     counter = itertools.count()
 
     def run(*, env: Mapping[str, str] | None = None, args: Sequence[str] = (),
-            timeout_s: float = 60.0) -> LaunchOutcome:
-        launch = _launch(tmp_path=tmp_path, model_dir=tiny_model_dir, env=env, args=args,
-                         name=f"failed-launch-{next(counter)}")
+            timeout_s: float = 60.0, model_dir: pathlib.Path | None = None) -> LaunchOutcome:
+        launch = _launch(tmp_path=tmp_path, model_dir=model_dir or tiny_model_dir, env=env,
+                         args=args, name=f"failed-launch-{next(counter)}")
         try:
             outcome = run_until_exit(launch, timeout_s=timeout_s)
         except TimeoutError as error:

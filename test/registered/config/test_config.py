@@ -46,7 +46,7 @@ def test_bad_mode_names_variable_value_and_allowed() -> None:
         parse_config({"SGLANG_KV_CANARY_MODE": "loud"})
     message = str(info.value)
     assert "SGLANG_KV_CANARY_MODE" in message and "'loud'" in message
-    assert "none, log, raise" in message
+    assert "none, log, abort, raise" in message
 
 
 def test_unknown_name_is_rejected_with_suggestion() -> None:
@@ -290,7 +290,7 @@ def test_a_flag_and_its_variable_must_agree() -> None:
     (["--kv-canary"], "--kv-canary needs a value"),
     (["--kv-canary", "--port", "1"], "--kv-canary needs a value"),
     (["--kv-canary", "log", "--kv-canary=raise"], "--kv-canary is given twice"),
-    (["--kv-canary", "loud"], "--kv-canary='loud' is invalid; allowed: none, log, raise"),
+    (["--kv-canary", "loud"], "--kv-canary='loud' is invalid; allowed: none, log, abort, raise"),
     (["--kv-canary-sweep-interval", "-1"], "--kv-canary-sweep-interval='-1' is invalid"),
 ])
 def test_bad_flags_are_refused_with_what_is_allowed(argv: list[str], message: str) -> None:

@@ -17,6 +17,17 @@ from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 FIRST_TOKEN_ID, VOCAB = 5, 4096  # the tiny model's ordinary token ids
 VERIFY_CHECKS = (CheckKind.PRE_VERIFY, CheckKind.POST_VERIFY)
 PERTURB = {"SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS": "30", "SGLANG_KV_CANARY_PERTURB_SEED": "7"}
+# raise mode with every check (serve with --sampling-backend token_oracle)
+EVERY_CHECK = {
+    "SGLANG_KV_CANARY_MODE": "raise",
+    "SGLANG_KV_CANARY_REAL_DATA": "partial",
+    "SGLANG_KV_CANARY_SWEEP_INTERVAL": "8",
+    "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
+    "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1",
+    "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
+    "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": "50",
+    "SGLANG_KV_CANARY_HEALTH_CHECK_EVERY_N_STEPS": "50",
+}
 
 
 def tokens(rng: random.Random, n: int) -> list[int]:

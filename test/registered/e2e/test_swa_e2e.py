@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from _workloads import (
+    EVERY_CHECK,
     PERTURB,
     assert_clean_canary_log,
     fault_has_row,
@@ -40,16 +41,6 @@ register_cuda_ci(est_time=400, suite="kv-canary-gpu")
 _WINDOW = 127  # the tiny GPT-OSS's sliding_window_size (its config's sliding_window - 1)
 _SERVER_ARGS = ("--moe-runner-backend", "triton", "--max-total-tokens", "4096",
                 "--chunked-prefill-size", "512", "--cuda-graph-max-bs", "16")
-_EVERY_CHECK = {
-    "SGLANG_KV_CANARY_MODE": "raise",
-    "SGLANG_KV_CANARY_REAL_DATA": "partial",
-    "SGLANG_KV_CANARY_SWEEP_INTERVAL": "8",
-    "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
-    "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT": "1",
-    "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
-    "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS": "50",
-    "SGLANG_KV_CANARY_HEALTH_CHECK_EVERY_N_STEPS": "50",
-}
 
 
 def _sliding_workload(server, *, seed: int, rounds: int) -> int:
@@ -72,7 +63,7 @@ def _sliding_workload(server, *, seed: int, rounds: int) -> int:
 
 
 def _serves_clean(canary_server, model_dir, *args: str) -> None:
-    server = canary_server(env=_EVERY_CHECK, model_dir=model_dir,
+    server = canary_server(env=EVERY_CHECK, model_dir=model_dir,
                            args=(*_SERVER_ARGS, "--sampling-backend", "token_oracle", *args))
     served = _sliding_workload(server, seed=3, rounds=5)
     log = polled_log(server)

@@ -79,7 +79,7 @@ def test_enabled_registers_hooks() -> None:
 @pytest.mark.parametrize(
     "env,expected",
     [
-        ({"SGLANG_KV_CANARY_MODE": "loud"}, ["SGLANG_KV_CANARY_MODE", "'loud'", "none, log, raise"]),
+        ({"SGLANG_KV_CANARY_MODE": "loud"}, ["SGLANG_KV_CANARY_MODE", "'loud'", "none, log, abort, raise"]),
         ({"SGLANG_KV_CANARY_MDOE": "log"}, ["SGLANG_KV_CANARY_MDOE", "SGLANG_KV_CANARY_MODE"]),
         ({"SGLANG_KV_CANARY_RING_CAPACITY": "0", "SGLANG_KV_CANARY_MODE": "log"},
          ["SGLANG_KV_CANARY_RING_CAPACITY", "'0'"]),

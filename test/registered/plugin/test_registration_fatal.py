@@ -27,10 +27,10 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="kv-canary-cpu")
 
-# Canary, oracle and radix sweep on (the padded-row bug not re-injected): every hook of the
-# table is needed, so every adapter module is imported.
+# Canary in abort mode, oracle and radix sweep on (the padded-row bug not re-injected): every
+# hook of the table is needed, so every adapter module is imported.
 _EVERYTHING = {
-    "SGLANG_KV_CANARY_MODE": "log",
+    "SGLANG_KV_CANARY_MODE": "abort",
     "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
     "SGLANG_KV_CANARY_SWEEP_INTERVAL": "16",
     "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
@@ -44,14 +44,15 @@ def test_every_adapter_module_is_used_by_the_table_and_needed_by_the_full_config
     used = {spec.adapter.partition(":")[0] for spec in HOOK_SPECS}
     assert used == set(ADAPTER_MODULES)
     # the command line's canary flags add the one hook that makes launch_server parse them
-    assert select_hook_specs(parse_config(_EVERYTHING, argv=["--kv-canary", "log"])) == HOOK_SPECS
+    assert select_hook_specs(parse_config(_EVERYTHING, argv=["--kv-canary", "abort"])) == HOOK_SPECS
 
 
 def test_the_scheduler_cache_hook_is_needed_only_with_the_sweep() -> None:
     """The radix sweep attaches to the scheduler's tree cache; without the sweep that hook is
     not needed."""
     target = "sglang.srt.managers.scheduler.Scheduler.init_cache_with_memory_pool"
-    without_sweep = {k: v for k, v in _EVERYTHING.items() if "SWEEP" not in k}
+    without_sweep = {**{k: v for k, v in _EVERYTHING.items() if "SWEEP" not in k},
+                     "SGLANG_KV_CANARY_MODE": "log"}  # (abort mode's containment needs it too)
     assert target in {spec.target for spec in select_hook_specs(parse_config(_EVERYTHING))}
     assert target not in {spec.target for spec in select_hook_specs(parse_config(without_sweep))}
 

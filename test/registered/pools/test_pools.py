@@ -1,6 +1,7 @@
 """The pool seam: the MHA implementation says what the runner needs of SGLang's MHA pool, every
-other pool class is refused with the reason and what to change, and the generic device state and
-real-data sources are built from the seam alone."""
+pool class without an implementation is refused with the reason and what to change, and the
+generic device state and real-data sources are built from the seam alone (the MLA, FP8 and FP4
+pools: ``test_mla_and_quantized_pools.py``; the hybrid pool: ``test_swa_pool.py``)."""
 
 import sys
 
@@ -20,12 +21,13 @@ from sglang.srt.kv_canary.pools import (
 )
 from sglang.srt.kv_canary.pools.mha import MHACanaryPool
 from sglang.srt.kv_canary.pools.real_data import real_data_sources
-from sglang.srt.kv_canary.pools.seam import FingerprintBuffer, SlotMapping
+from sglang.srt.kv_canary.pools.seam import FingerprintBuffer, PoolContext, SlotMapping
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state
 from sglang.srt.mem_cache.memory_pool import (
     MHATokenToKVPool,
-    MHATokenToKVPoolFP4,
-    MLATokenToKVPool,
+    MLATokenToKVPoolFP4,
+    NoOpMHATokenToKVPool,
+    NSATokenToKVPool,
     ReqToTokenPool,
 )
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
@@ -46,7 +48,7 @@ def _mha_pool(*, head_dim: int = 8, layers: int = 1, page_size: int = 1) -> MHAT
 
 def _mha(**kwargs) -> MHACanaryPool:
     return canary_pool_for(req_to_token_pool=_req_pool(), token_to_kv_pool=_mha_pool(**kwargs),
-                           sliding_window_size=None)
+                           context=PoolContext())
 
 
 def test_plain_mha_pools_are_covered() -> None:
@@ -83,25 +85,39 @@ def test_real_data_reads_k_and_v_of_the_first_and_last_layer(layers: int, finger
 @pytest.mark.parametrize(
     ("pool_class", "advice"),
     [
-        (MLATokenToKVPool, "MLA models"),
-        (MHATokenToKVPoolFP4, "--kv-cache-dtype other than fp4_e2m1"),
+        (MLATokenToKVPoolFP4, "not whole 8-byte words"),
+        (NSATokenToKVPool, "indexer cache"),
+        (NoOpMHATokenToKVPool, "remove --prefill-only-disable-kv-cache"),
     ],
 )
 def test_other_pool_classes_are_refused_with_advice(pool_class: type, advice: str) -> None:
     pool = object.__new__(pool_class)  # the check looks at the class only
     (reason,) = pool_refusals(req_to_token_pool=_req_pool(), token_to_kv_pool=pool)
-    assert pool_class.__name__ in reason and "MHATokenToKVPool, SWAKVPool only" in reason
+    assert pool_class.__name__ in reason
+    assert ("MHATokenToKVPool, MHATokenToKVPoolFP4, MLATokenToKVPool, SWAKVPool only"
+            in reason)
     assert advice in reason
     with pytest.raises(CanaryUnsupportedError, match=advice):
         canary_pool_for(req_to_token_pool=_req_pool(), token_to_kv_pool=pool,
-                        sliding_window_size=None)
+                        context=PoolContext())
     with pytest.raises(TypeError, match="MHACanaryPool needs an MHATokenToKVPool"):
         MHACanaryPool(pool)
 
 
+def test_a_pool_class_without_advice_is_refused_by_name() -> None:
+    class HomeGrownPool(MHATokenToKVPool):
+        pass
+
+    (reason,) = pool_refusals(req_to_token_pool=_req_pool(),
+                              token_to_kv_pool=object.__new__(HomeGrownPool))
+    assert "the KV pool is HomeGrownPool" in reason and "no canary implementation" in reason
+
+
 def test_every_advised_pool_class_is_one_without_an_implementation() -> None:
     covered = {pool_type.kind for pool_type in CANARY_POOL_TYPES}
-    assert covered == {"MHATokenToKVPool", "SWAKVPool"} and not covered & set(POOL_ADVICE)
+    assert covered == {"MHATokenToKVPool", "MHATokenToKVPoolFP4", "MLATokenToKVPool",
+                       "SWAKVPool"}
+    assert not covered & set(POOL_ADVICE)
 
 
 def test_other_request_pools_are_refused() -> None:

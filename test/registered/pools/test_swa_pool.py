@@ -18,6 +18,7 @@ from sglang.srt.kv_canary.hooks.model_runner import add_canary_bytes_to_swa_cell
 from sglang.srt.kv_canary.perturb.kv_bytes import FingerprintedBytes
 from sglang.srt.kv_canary.pools import canary_pool_for, hybrid_swa_token_bytes, pool_refusals
 from sglang.srt.kv_canary.pools.mha import MHACanaryPool
+from sglang.srt.kv_canary.pools.seam import PoolContext
 from sglang.srt.kv_canary.pools.swa import WINDOW_OWNER_BYTES, SWACanaryPool
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -43,7 +44,7 @@ def _pools(*, page_size: int = 1, size: int = 32, size_swa: int = 16):
 
 def _canary_pool(pool, req_pool) -> SWACanaryPool:
     return canary_pool_for(req_to_token_pool=req_pool, token_to_kv_pool=pool,
-                           sliding_window_size=WINDOW)
+                           context=PoolContext(sliding_window_size=WINDOW))
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -77,14 +78,14 @@ def test_a_hybrid_pool_without_a_window_or_a_mapping_is_refused() -> None:
     pool, _, req_pool = _pools()
     with pytest.raises(CanaryUnsupportedError, match="no sliding_window_size"):
         canary_pool_for(req_to_token_pool=req_pool, token_to_kv_pool=pool,
-                        sliding_window_size=None)
+                        context=PoolContext())
     bare = SWAKVPool(size=8, size_swa=8, page_size=1, dtype=torch.bfloat16, head_num=1,
                      head_dim=8, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
                      enable_kvcache_transpose=False, device="cpu", enable_memory_saver=False,
                      enable_alt_stream=False)
     with pytest.raises(CanaryUnsupportedError, match="full_to_swa_index_mapping"):
         canary_pool_for(req_to_token_pool=req_pool, token_to_kv_pool=bare,
-                        sliding_window_size=WINDOW)
+                        context=PoolContext(sliding_window_size=WINDOW))
 
 
 def test_an_all_sliding_window_pool_is_refused_with_the_reason() -> None:

@@ -120,6 +120,7 @@ def prepare_for_init_new(runner: SimulatedModelRunner) -> SimulatedModelRunner:
     runner.is_draft_worker = False
     if not isinstance(runner.server_args, SimpleNamespace):  # idempotent
         runner.server_args = SimpleNamespace(
-            **asdict(runner.server_args), attention_backend="torch_native", enable_lora=False
+            **{**asdict(runner.server_args), "attention_backend": "torch_native",
+               "enable_lora": False}
         )
     return runner

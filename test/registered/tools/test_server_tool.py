@@ -181,7 +181,7 @@ def test_real_launcher_refuses_a_bad_mode_in_its_cli_process(tmp_path) -> None:
     outcome = run_until_exit(launch, timeout_s=240)
     assert outcome.returncode != 0
     assert ("[kv_canary] start-up refused: SGLANG_KV_CANARY_MODE='loud' is invalid; allowed: "
-            "none, log, raise") in outcome.output
+            "none, log, abort, raise") in outcome.output
     assert "Load weight" not in outcome.output
 
 

@@ -15,6 +15,7 @@ from sglang.srt.kv_canary.tools.tiny_model import (
     MIN_VOCAB_SIZE,
     SPECIAL_TOKENS,
     main,
+    make_tiny_deepseek_v2,
     make_tiny_eagle_draft,
     make_tiny_model,
 )
@@ -115,6 +116,21 @@ def test_qwen3_variant(tmp_path) -> None:
     config = _config(make_tiny_model(directory=tmp_path, architecture="qwen3", num_layers=2))
     assert config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
     assert config["max_window_layers"] == 2 and config["use_sliding_window"] is False
+
+
+def test_the_deepseek_v2_variant_is_an_mla_model_to_sglang(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+
+    directory = make_tiny_deepseek_v2(directory=tmp_path)
+    config = ModelConfig(model_path=str(directory))
+    assert config.hf_config.architectures == ["DeepseekV2ForCausalLM"]
+    assert config.attention_arch == AttentionArch.MLA
+    assert (config.kv_lora_rank, config.qk_rope_head_dim, config.num_hidden_layers) == (512, 64, 3)
+    # dense MLPs only: no layer reaches the experts
+    assert config.hf_config.first_k_dense_replace == config.num_hidden_layers
+    with pytest.raises(ValueError, match="hidden_size=250"):
+        make_tiny_deepseek_v2(directory=tmp_path / "bad", hidden_size=250)
 
 
 @pytest.mark.parametrize(

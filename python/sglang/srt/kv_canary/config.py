@@ -12,12 +12,18 @@ suggested), and a variable that is set to something other than its "off" value i
 configuration where it would have no effect (e.g. ``RING_CAPACITY`` with the canary off): a
 typo or a forgotten switch must never leave a check silently disabled.
 
-Four knobs also have a ``launch_server`` flag (:data:`LAUNCH_FLAGS`: ``--kv-canary``,
-``--kv-canary-real-data``, ``--kv-canary-sweep-interval``, ``--kv-canary-report-path``), read
+Five knobs also have a ``launch_server`` flag (:data:`LAUNCH_FLAGS`: ``--kv-canary``,
+``--kv-canary-on-violation``, ``--kv-canary-real-data``, ``--kv-canary-sweep-interval``,
+``--kv-canary-report-path``), read
 from the command line by the same parsing: a flag counts as its variable, and a flag and its
 variable both set to different values is refused naming both. SGLang's scheduler processes are
 spawned with the command line of the ``launch_server`` process, so every process reads the same
 flags.
+
+What the canary does with a violation is one setting, :attr:`CanaryConfig.mode`, named by two
+variables: ``SGLANG_KV_CANARY_ON_VIOLATION=log|abort|raise`` (the documented name; setting it turns
+the canary on) and ``SGLANG_KV_CANARY_MODE=none|log|abort|raise`` (the original name, which alone
+can say ``none``). Both set must agree (compared parsed), else the launch stops naming both.
 
 This module imports only the standard library: it is what runs when the canary is off.
 """
@@ -44,6 +50,7 @@ class CanaryMode(enum.Enum):
 
     NONE = "none"  # no canary
     LOG = "log"  # log every violation row, keep serving
+    ABORT = "abort"  # log, abort the requests that read the reported slots, evict their cache
     RAISE = "raise"  # raise in the scheduler at the first violation
 
 
@@ -220,6 +227,17 @@ def _int_parser(*, minimum: int, maximum: int | None = None) -> Parser:
     return parse
 
 
+def _parse_on_violation(name: str, raw: str) -> CanaryMode | None:
+    """``log``, ``abort`` or ``raise`` (any case); None for empty text (unset)."""
+    text = raw.strip().lower()
+    if not text:
+        return None
+    for member in (CanaryMode.LOG, CanaryMode.ABORT, CanaryMode.RAISE):
+        if member.value == text:
+            return member
+    raise _error(name, raw, "log, abort, raise")
+
+
 _REPORT_PATH_ALLOWED = (
     "a path to a file this process can create or append to (unset or empty: no file)"
 )
@@ -272,6 +290,7 @@ def _parse_probability(name: str, raw: str) -> float:
 # ----------------------------------------------------------------------------- "has no effect"
 
 _MODE = ENV_PREFIX + "MODE"
+_ON_VIOLATION = ENV_PREFIX + "ON_VIOLATION"
 _ORACLE = ENV_PREFIX + "ENABLE_TOKEN_ORACLE"
 _SWEEP = ENV_PREFIX + "SWEEP_INTERVAL"
 NoEffect = Callable[[CanaryConfig], "str | None"]  # why a setting does nothing here, or None
@@ -280,7 +299,8 @@ NoEffect = Callable[[CanaryConfig], "str | None"]  # why a setting does nothing 
 def _needs_canary(config: CanaryConfig) -> str | None:
     if config.canary_enabled:
         return None
-    return f"{_MODE}=none (the canary is off); set {_MODE}=log or raise"
+    return (f"{_MODE}=none (the canary is off); set {_ON_VIOLATION}=log, abort or raise "
+            f"(or {_MODE})")
 
 
 def _needs_oracle(config: CanaryConfig) -> str | None:
@@ -340,6 +360,9 @@ class Knob:
     meaning: str
     off_value: str | None  # a value that switches the feature off (accepted anywhere)
     no_effect: NoEffect
+    # another name of the setting ``field`` (set: it must agree with the knob that owns ``field``;
+    # its value then applies, see :func:`_apply_aliases`)
+    alias: bool = False
 
     @property
     def name(self) -> str:
@@ -355,16 +378,25 @@ def _probability(suffix: str, meaning: str, no_effect: NoEffect = _needs_canary)
 
 
 KNOBS: tuple[Knob, ...] = (
+    Knob(suffix="ON_VIOLATION", field="mode", parse=_parse_on_violation, default="",
+         allowed="log, abort, raise",
+         meaning="turns the canary on and says what a violation does: log: logged, serving goes "
+                 "on; abort: logged, every request whose forward read or wrote a reported slot "
+                 "is finished with an error (HTTP 500 / an abort chunk), the radix-cache nodes "
+                 "holding it are evicted, serving goes on; raise: the first violation raises in "
+                 "the scheduler (unset: see MODE)",
+         off_value="", no_effect=_always_effective, alias=True),
     Knob(suffix="MODE", field="mode", parse=_enum_parser(CanaryMode), default="none",
-         allowed="none, log, raise",
-         meaning="none: no canary; log: violations logged, serving goes on; raise: the first "
-                 "violation raises in the scheduler",
+         allowed="none, log, abort, raise",
+         meaning="the same setting as ON_VIOLATION, which it must equal when both are set; "
+                 "none: no canary",
          off_value="none", no_effect=_always_effective),
     Knob(suffix="REAL_DATA", field="real_data", parse=_enum_parser(RealDataMode),
          default="none", allowed="none, partial, all",
-         meaning="fingerprint of the real K/V bytes per slot, K and V of the first and last "
-                 "layer (partial: 16 bytes of each, rotating with the slot; the post-forward "
-                 "verify reads one of the rows per prefix slot, rotating with position and step)",
+         meaning="fingerprint of the real KV bytes per slot: 4 sources of the first and last "
+                 "layer (MHA: K and V; MLA: latent and RoPE; FP4: values and scales; partial: 16 "
+                 "bytes of each, rotating with the slot; the post-forward verify reads one "
+                 "source per prefix slot, rotating with position and step)",
          off_value="none", no_effect=_needs_canary),
     Knob(suffix="REAL_DATA_STRIDE", field="real_data_stride",
          parse=_int_parser(minimum=1, maximum=1 << 20), default="1",
@@ -372,7 +404,7 @@ KNOBS: tuple[Knob, ...] = (
          meaning="the post-forward verify checks the real bytes of a request's prefix position p "
                  "in the forwards whose step s has (p + s) % N == 0: each prefix slot every N "
                  "forwards, at 1/N of the cost (1: every slot in every forward; partial reads the "
-                 "slot's row number (p + s) / N modulo its 4 rows)",
+                 "slot's source number (p + s) / N modulo its 4 sources)",
          off_value="1", no_effect=_needs_real_data),
     Knob(suffix="SWEEP_INTERVAL", field="sweep_interval", parse=_int_parser(minimum=0),
          default="0", allowed="integer >= 0",
@@ -493,6 +525,7 @@ def _reject_unknown_names(environ: Mapping[str, str]) -> None:
 # flag -> the suffix of the variable it stands for
 LAUNCH_FLAGS: Mapping[str, str] = {
     "--kv-canary": "MODE",
+    "--kv-canary-on-violation": "ON_VIOLATION",
     "--kv-canary-real-data": "REAL_DATA",
     "--kv-canary-sweep-interval": "SWEEP_INTERVAL",
     "--kv-canary-report-path": "REPORT_PATH",
@@ -580,9 +613,12 @@ def parse_config(environ: Mapping[str, str], *, argv: Sequence[str] = ()) -> Can
     top: dict[str, Any] = {}
     perturb: dict[str, Any] = {}
     for knob in KNOBS:
+        if knob.alias:
+            continue
         value = knob.parse(knob.name, environ.get(knob.name, knob.default))
         section, _, attribute = knob.field.rpartition(".")
         (perturb if section == "perturb" else top)[attribute] = value
+    _apply_aliases(environ, top)
     config = CanaryConfig(**top, perturb=PerturbConfig(**perturb), launch_flags=launch_flags)
     for knob in KNOBS:
         raw = environ.get(knob.name)
@@ -600,6 +636,29 @@ def parse_config(environ: Mapping[str, str], *, argv: Sequence[str] = ()) -> Can
                 f"or unset {knob.name}"
             )
     return config
+
+
+def _apply_aliases(environ: Mapping[str, str], top: dict[str, Any]) -> None:
+    """Each alias knob that is set: its value replaces its field's, after checking that the
+    field's own knob, when set too, says the same.
+
+    Raises:
+        CanaryConfigError: both are set to different values (naming both).
+    """
+    owners = {knob.field: knob for knob in KNOBS if not knob.alias}
+    for knob in KNOBS:
+        if not knob.alias or knob.name not in environ:
+            continue
+        value = knob.parse(knob.name, environ[knob.name])
+        if value is None:
+            continue
+        owner = owners[knob.field]
+        if owner.name in environ and owner.parse(owner.name, environ[owner.name]) != value:
+            raise CanaryConfigError(
+                f"{knob.name}={environ[knob.name]!r} and {owner.name}={environ[owner.name]!r} "
+                f"disagree; set one of them (allowed: {knob.allowed}), or both to the same value"
+            )
+        top[knob.field] = value
 
 
 def _is_off(knob: Knob, raw: str) -> bool:

@@ -14,7 +14,8 @@ class CanaryUnsupportedError(RuntimeError):
     def __init__(self, reasons: list[str]) -> None:
         self.reasons = tuple(reasons)
         super().__init__(
-            "KV canary (SGLANG_KV_CANARY_MODE is log or raise) cannot protect this server: "
+            "KV canary (SGLANG_KV_CANARY_ON_VIOLATION or _MODE is log, abort or raise) cannot "
+            "protect this server: "
             + "; ".join(reasons)
             + ". Change the flags above, or unset SGLANG_KV_CANARY_MODE to serve without the "
             "canary."

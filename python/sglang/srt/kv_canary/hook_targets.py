@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sglang.srt.kv_canary.config import CanaryConfig
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 
 SUPPORTED_SGLANG_VERSION = "0.5.12.post1"
 
@@ -63,6 +63,10 @@ def _sweep(config: CanaryConfig) -> bool:
     return config.canary_enabled and config.sweep_interval > 0
 
 
+def _abort(config: CanaryConfig) -> bool:
+    return config.mode is CanaryMode.ABORT
+
+
 def _launch_flags(config: CanaryConfig) -> bool:
     return config.launch_flags
 
@@ -92,8 +96,9 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         hook_type="before",
         adapter=f"{_ADAPTERS}.server_args:add_launch_flags",
         needed=_launch_flags,
-        purpose="launch_server parses (and --help lists) --kv-canary, --kv-canary-real-data, "
-                "--kv-canary-sweep-interval and --kv-canary-report-path",
+        purpose="launch_server parses (and --help lists) --kv-canary, "
+                "--kv-canary-on-violation, --kv-canary-real-data, --kv-canary-sweep-interval and "
+                "--kv-canary-report-path",
     ),
     # ------------------------------------------------------------- scheduler
     HookSpec(
@@ -109,6 +114,45 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         adapter=f"{_ADAPTERS}.scheduler:after_init_cache",
         needed=_sweep,
         purpose="the radix sweep walks the scheduler's prefix cache",
+    ),
+    HookSpec(
+        target="sglang.srt.managers.scheduler.Scheduler.init_cache_with_memory_pool",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.containment:attach_containment",
+        needed=_abort,
+        purpose="abort mode: the scheduler's containment beside its prefix cache",
+    ),
+    HookSpec(
+        target="sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+        hook_type="before",
+        adapter=f"{_ADAPTERS}.containment:before_batch_result",
+        needed=_abort,
+        purpose="abort mode: after the result's copy landed and before its tokens are sent, "
+                "abort the requests the violation rows name and evict their radix nodes",
+    ),
+    HookSpec(
+        target="sglang.srt.managers.scheduler.Scheduler.stash_chunked_request",
+        hook_type="around",
+        adapter=f"{_ADAPTERS}.containment:stash_chunked_request",
+        needed=_abort,
+        purpose="abort mode: a request aborted mid chunked prefill keeps its computed chunk "
+                "without inserting it into the radix cache",
+    ),
+    HookSpec(
+        target="sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.containment:after_batch_result",
+        needed=_abort,
+        purpose="abort mode: free the evicted radix nodes the finished requests released",
+    ),
+    HookSpec(
+        target="sglang.srt.managers.scheduler_runtime_checker_mixin."
+               "SchedulerRuntimeCheckerMixin.on_idle",
+        hook_type="before",
+        adapter=f"{_ADAPTERS}.containment:before_idle",
+        needed=_abort,
+        purpose="abort mode: act on rows read while idle, free evicted nodes before SGLang's "
+                "idle memory check",
     ),
     HookSpec(
         target="sglang.srt.managers.scheduler_runtime_checker_mixin."

@@ -7,7 +7,8 @@ from typing import Any
 from sglang.srt.kv_canary.config import ENV_PREFIX, LAUNCH_FLAGS
 
 _FLAG_HELP = {
-    "MODE": "none, log or raise",
+    "MODE": "none, log, abort or raise (the same setting as --kv-canary-on-violation)",
+    "ON_VIOLATION": "log, abort or raise: what a violation does (turns the canary on)",
     "REAL_DATA": "none, partial or all",
     "SWEEP_INTERVAL": "an integer >= 0",
     "REPORT_PATH": "a JSON-lines file the scheduler appends every violation to",

@@ -60,6 +60,8 @@ class CounterMailbox:
         self._labels: deque[_Label] = deque()
         self._last_labeled = 0
         self._last_read = 0
+        # the last read found a newer publication whose copy was still landing (checksum)
+        self.last_read_torn = False
 
     def publish(self) -> None:
         """Seal the counters and copy them to the host, on the current stream (eagerly or into
@@ -98,9 +100,11 @@ class CounterMailbox:
         no label (a graph warm-up outside a forward). Host only, never waits."""
         words = self._words.copy()  # one read of the host copy; the checks below look at it
         publication = int(words[COUNTER_PUBLISHES])
+        self.last_read_torn = False
         if publication <= self._last_read:
             return None
         if not counters_checksum_holds(words):
+            self.last_read_torn = True
             return None
         self._last_read = publication
         labels = self._labels

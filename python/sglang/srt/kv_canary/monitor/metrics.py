@@ -14,6 +14,9 @@ scheduler process, so its counters appear on SGLang's ``/metrics`` beside ``sgla
 ``kv_canary_ring_dropped_total``    violation rows a full ring dropped (never read)
 ``kv_canary_health_checks_total``   periodic device-agreement health checks, label ``result``
                                     (``ok`` / ``failed``)
+``kv_canary_requests_aborted_total``    abort mode: requests finished with the canary's error,
+                                        label ``cause`` (``violation``, ``cache``, ...)
+``kv_canary_cache_nodes_evicted_total`` abort mode: radix-cache nodes made unmatchable
 ==================================  ============================================================
 
 Every series also carries ``pool`` (``target``, or ``draft`` for an EAGLE draft model's canary)
@@ -37,12 +40,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
 from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 from sglang.srt.kv_canary.monitor.violations import ViolationRow
+
+if TYPE_CHECKING:
+    from sglang.srt.kv_canary.containment.records import AbortRecord, EvictionRecord
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,8 @@ VIOLATIONS = "kv_canary_violations_total"
 SLOTS_VERIFIED = "kv_canary_slots_verified_total"
 RING_DROPPED = "kv_canary_ring_dropped_total"
 HEALTH_CHECKS = "kv_canary_health_checks_total"
+REQUESTS_ABORTED = "kv_canary_requests_aborted_total"
+CACHE_NODES_EVICTED = "kv_canary_cache_nodes_evicted_total"
 POOL_LABEL = "pool"
 HEALTH_OK = "ok"
 HEALTH_FAILED = "failed"
@@ -88,6 +96,8 @@ class _Families:
     slots_verified: Counter
     ring_dropped: Counter
     health_checks: Counter
+    requests_aborted: Counter
+    cache_nodes_evicted: Counter
 
 
 _families: _Families | None = None
@@ -129,6 +139,18 @@ def _process_families(label_names: tuple[str, ...]) -> _Families:
                 "host launches), by result ok or failed.",
                 labelnames=[*names, "result"],
             ),
+            requests_aborted=Counter(
+                name=REQUESTS_ABORTED,
+                documentation="KV canary abort mode: requests finished with the canary's error "
+                "(HTTP 500 / an abort chunk), by cause.",
+                labelnames=[*names, "cause"],
+            ),
+            cache_nodes_evicted=Counter(
+                name=CACHE_NODES_EVICTED,
+                documentation="KV canary abort mode: radix-cache nodes evicted because they held "
+                "a reported slot or a reported request's prefix.",
+                labelnames=names,
+            ),
         )
     elif _families.label_names != label_names:
         raise ValueError(
@@ -155,7 +177,29 @@ class CanaryMetrics:
             ok: families.health_checks.labels(**self._labels, result=result)
             for ok, result in ((True, HEALTH_OK), (False, HEALTH_FAILED))
         }
+        self._requests_aborted = families.requests_aborted
+        self._aborted_series: dict[str, Any] = {}  # cause -> child
+        self._nodes_evicted = families.cache_nodes_evicted.labels(**self._labels)
         self._failed_writes = 0
+
+    def record_containment(
+        self, *, aborts: Sequence[AbortRecord], evictions: Sequence[EvictionRecord]
+    ) -> None:
+        """Abort mode did this: count each aborted request under its cause and the evicted
+        nodes. Never raises."""
+        try:
+            for record in aborts:
+                cause = record.cause.value
+                child = self._aborted_series.get(cause)
+                if child is None:
+                    child = self._aborted_series[cause] = self._requests_aborted.labels(
+                        **self._labels, cause=cause)
+                child.inc()
+            nodes = sum(record.nodes for record in evictions)
+            if nodes:
+                self._nodes_evicted.inc(nodes)
+        except OSError as exc:
+            self._write_failed(exc)
 
     def record(
         self, *, rows: Sequence[ViolationRow], repeats: Sequence[bool], dropped: int,

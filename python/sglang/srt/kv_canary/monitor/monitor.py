@@ -35,6 +35,7 @@ IDLE_POLL_INTERVAL_S = 0.001  # idle passes without a forward in between poll at
 # a poll that finds the violation counter unchanged reads the whole publication only this often
 # (the newest snapshot then trails by a few steps: far below health.MAX_SNAPSHOT_LAG_STEPS)
 WHOLE_READ_EVERY_POLLS = 8
+SETTLE_TRIES = 100_000  # poll_settled's reads at most (each a few microseconds)
 
 
 class MonitorMetrics(Protocol):
@@ -134,6 +135,24 @@ class CanaryMonitor:
                 self._metrics.snapshot_read(previous=self._latest, latest=snapshot)
             self._latest = snapshot
             self._reporter.report(violation_count=snapshot.violations)
+
+    def poll_settled(self, *, max_tries: int = SETTLE_TRIES) -> bool:
+        """:meth:`poll` (whole) until the read did not catch a copy landing, at most
+        ``max_tries`` reads. The caller knows the publication it needs has landed (it waited for
+        an event recorded after it): only a newer one still being copied can spoil the read, and
+        that copy of a few hundred bytes lands within microseconds. Abort mode's containment
+        point (:mod:`sglang.srt.kv_canary.containment`).
+
+        Returns:
+            False when every read was torn (the rows then come at the next poll).
+        Raises:
+            CanaryViolationError: raise mode and a new violation row arrived.
+        """
+        for _ in range(max_tries):
+            self.poll(whole=True)
+            if not getattr(self._mailbox, "last_read_torn", False):
+                return True
+        return False
 
     @property
     def latest(self) -> CounterSnapshot:

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang.jit_kernel.kv_canary.consts import CheckKind
 from sglang.srt.kv_canary.config import ENV_PREFIX, CanaryConfig
@@ -36,6 +36,8 @@ from sglang.srt.kv_canary.monitor.forward_history import (
 )
 from sglang.srt.kv_canary.monitor.violations import ViolationRow
 from sglang.srt.kv_canary.report.schema import (
+    ABORT,
+    CACHE_EVICTION,
     HEADER,
     POOL_KEY,
     RING_OVERFLOW,
@@ -43,6 +45,9 @@ from sglang.srt.kv_canary.report.schema import (
     TYPE_KEY,
     VIOLATION,
 )
+
+if TYPE_CHECKING:
+    from sglang.srt.kv_canary.containment.records import AbortRecord, EvictionRecord
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +165,30 @@ class ViolationReportFile:
                 "ring_capacity": self._ring_capacity, "first_index": first_index,
                 "end_index": end_index, "host_step": self._history.latest_step,
             })
+        self._append(objects)
+
+    def record_containment(
+        self, *, aborts: Sequence[AbortRecord], evictions: Sequence[EvictionRecord]
+    ) -> None:
+        """Abort mode did this (:mod:`sglang.srt.kv_canary.containment`): one ``abort`` object
+        per request, one ``cache_eviction`` object per eviction, in one ``write``; a failure is
+        logged, never raised."""
+        now = self._clock()
+        objects: list[dict[str, Any]] = [{
+            TYPE_KEY: ABORT, "pid": self._pid, "time": now, **self._pool, "rid": record.rid,
+            "cause": record.cause.value, "step": record.step, "check": record.check,
+            "reasons": list(record.reasons), "slot": record.slot, "position": record.position,
+            "tokens_delivered": record.tokens_delivered,
+        } for record in aborts]
+        objects += [{
+            TYPE_KEY: CACHE_EVICTION, "pid": self._pid, "time": now, **self._pool,
+            "cause": record.cause.value, "nodes": record.nodes, "tokens": record.tokens,
+            "locked_nodes": record.locked_nodes, "slots": list(record.slots),
+            "rids": list(record.rids),
+        } for record in evictions]
+        self._append(objects)
+
+    def _append(self, objects: list[dict[str, Any]]) -> None:
         if not objects:
             return
         try:

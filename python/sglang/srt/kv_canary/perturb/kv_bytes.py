@@ -36,9 +36,12 @@ class FingerprintedBytes:
     """Byte views of a pool's fingerprint buffers (the pool seam names them; ``real_data``: the
     canary's sources, or None with real data off; ``sub_pool``: which buffers may be flipped).
 
+    A buffer may be a strided view (an MLA pool's latent or RoPE part): each slot's bytes are
+    contiguous, rows may lie apart.
+
     Raises:
-        ValueError: a buffer is not contiguous, or ``sub_pool`` names a sub-pool the pool does
-            not have.
+        ValueError: a slot's bytes are not contiguous, or ``sub_pool`` names a sub-pool the pool
+            does not have.
     """
 
     def __init__(self, *, pool: CanaryPool, real_data: RealDataSources | None = None,
@@ -51,9 +54,10 @@ class FingerprintedBytes:
         self._rows: list[tuple[str, torch.Tensor, bool]] = []
         for source in pool.fingerprint_buffers():
             buffer = source.buffer
-            if not buffer.is_contiguous():
+            if not buffer[0].is_contiguous() or buffer.stride(-1) != 1:
                 raise ValueError(
-                    f"the real-data perturbations need a contiguous {source.name} buffer"
+                    f"the real-data perturbations need each slot's {source.name} bytes "
+                    "contiguous"
                 )
             self._rows.append((source.name.replace(" ", "_"),
                                buffer.view(buffer.shape[0], -1).view(torch.uint8),
@@ -106,11 +110,10 @@ class FingerprintedBytes:
         slot = slot.to(torch.int64)
         if windowed:  # the window slot, looked up on the device
             slot = self._slot_table.index_select(0, slot)
-        byte_index = slot * row_bytes.shape[1] + (slot % windows) * PARTIAL_BYTES_PER_SOURCE
-        flat = row_bytes.view(-1)
+        column = (slot % windows) * PARTIAL_BYTES_PER_SOURCE
 
         def flip() -> None:
-            flat.index_copy_(0, byte_index, flat.index_select(0, byte_index) ^ FLIP_MASK)
+            row_bytes.index_put_((slot, column), row_bytes[slot, column] ^ FLIP_MASK)
 
         flip()
         return name, flip

@@ -1,60 +1,56 @@
 """The canary over SGLang's ``MHATokenToKVPool`` (per layer a K and a V buffer of
-``[size + page_size, heads, head_dim]``).
+``[size + page_size, heads, head_dim]``, bf16/fp16, or uint8 bytes of FP8 with
+``--kv-cache-dtype fp8_e4m3|fp8_e5m2``: that pool keeps no per-token scales) and its FP4 variant
+``MHATokenToKVPoolFP4`` (``--kv-cache-dtype fp4_e2m1``: per layer packed K and V of
+``[size + page_size, heads, head_dim / 2]`` bytes plus K and V scale buffers of
+``[size + page_size, heads * head_dim / 16]`` bytes).
 
-Records: one per pool slot, same index (slot 0, SGLang's padding slot, included). Real data:
-the K and V rows of the first and the last layer (views of SGLang's buffers, never copies). The
-radix sweep walks SGLang's plain ``RadixCache``, whose node values are pool slots.
+Records: one per pool slot, same index (slot 0, SGLang's padding slot, included). Real data
+(views of SGLang's buffers, never copies): K and V of the first and the last layer; for FP4 the
+packed K of the first layer and its scales, the packed V of the last layer and its scales (four
+sources at most: a scale byte decides sixteen values, so the scales are read where the data
+is). The radix sweep walks SGLang's plain ``RadixCache``, whose node values are pool slots.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES
-from sglang.srt.kv_canary.pools.seam import FingerprintBuffer, SlotMapping
+from sglang.srt.kv_canary.pools.plain_slots import PlainSlotPool, fingerprinted_layers
+from sglang.srt.kv_canary.pools.seam import FingerprintBuffer, PoolContext
 
 POOL_CLASS = "MHATokenToKVPool"
+FP4_POOL_CLASS = "MHATokenToKVPoolFP4"
 
 
-def _mha_pool_class() -> type:
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+def _pool_class(name: str) -> type:
+    from sglang.srt.mem_cache import memory_pool
 
-    return MHATokenToKVPool
+    return getattr(memory_pool, name)
 
 
-class MHACanaryPool:
+class MHACanaryPool(PlainSlotPool):
     """:class:`~.seam.CanaryPool` of an ``MHATokenToKVPool`` (exactly that class: its
     subclasses lay their buffers out differently)."""
 
     kind = POOL_CLASS
-    slot_mapping = SlotMapping.IDENTITY
 
     def __init__(self, kv_pool: object) -> None:
-        if type(kv_pool) is not _mha_pool_class():
+        if not self.accepts(kv_pool):
             raise TypeError(
-                f"MHACanaryPool needs an {POOL_CLASS}, got {type(kv_pool).__name__}"
+                f"{type(self).__name__} needs an {self.kind}, got {type(kv_pool).__name__}"
             )
         self._pool = kv_pool
 
     @classmethod
-    def build(cls, kv_pool: object, *, sliding_window_size: int | None) -> MHACanaryPool:
-        """The canary view of ``kv_pool`` (the sliding window plays no part)."""
+    def build(cls, kv_pool: object, *, context: PoolContext) -> MHACanaryPool:
+        """The canary view of ``kv_pool`` (nothing of the context plays a part)."""
         return cls(kv_pool)
 
-    @staticmethod
-    def accepts(kv_pool: object) -> bool:
-        """Whether ``kv_pool`` is an ``MHATokenToKVPool`` (not a subclass)."""
-        return type(kv_pool) is _mha_pool_class()
-
-    @staticmethod
-    def record_bytes_per_token() -> int:
-        """Bytes the records add to each KV token's cell."""
-        return RECORD_BYTES
-
-    @staticmethod
-    def extra_record_rows(*, page_size: int) -> int:
-        """Record rows beyond the pool's token capacity: its padding page."""
-        return page_size
+    @classmethod
+    def accepts(cls, kv_pool: object) -> bool:
+        """Whether ``kv_pool`` is exactly this implementation's pool class."""
+        return type(kv_pool) is _pool_class(cls.kind)
 
     @property
     def num_record_slots(self) -> int:
@@ -65,9 +61,8 @@ class MHACanaryPool:
         return self._pool.k_buffer[0].device
 
     def fingerprinted_layers(self) -> tuple[int, ...]:
-        """The layers whose K and V rows the fingerprint reads: the first and the last."""
-        last = len(self._pool.k_buffer) - 1
-        return (0,) if last == 0 else (0, last)
+        """The layers whose rows the fingerprint reads: the first and the last."""
+        return fingerprinted_layers(len(self._pool.k_buffer))
 
     def fingerprint_buffers(self) -> tuple[FingerprintBuffer, ...]:
         buffers = []
@@ -78,39 +73,41 @@ class MHACanaryPool:
                                              buffer=self._pool.v_buffer[layer]))
         return tuple(buffers)
 
-    def window_spec(self) -> None:
-        return None
-
-    def sweep_refusal(self, tree_cache: object) -> str | None:
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-
-        if type(tree_cache) is RadixCache:  # EAGLE's too (bigram keys: slot i holds token i)
-            return None
-        name = type(tree_cache).__name__
-        hint = (
-            "the radix cache is disabled (--disable-radix-cache)"
-            if "Chunk" in name
-            else f"the scheduler's prefix cache is {name}"
-        )
-        return (
-            f"SGLANG_KV_CANARY_SWEEP_INTERVAL needs SGLang's RadixCache, but {hint}; unset "
-            "SGLANG_KV_CANARY_SWEEP_INTERVAL or use the default radix cache"
-        )
-
-    def cached_record_slots(self, node_value: torch.Tensor) -> torch.Tensor:
-        return node_value.to(device=self.device, dtype=torch.int64)
-
-    def unlocked_leaves(self, tree_cache: object) -> list:
-        return sorted(
-            (leaf for leaf in tree_cache.evictable_leaves
-             if leaf.lock_ref == 0 and leaf.value is not None and len(leaf.value) > 0),
-            key=lambda leaf: leaf.id,
+    def _stored_as(self) -> str:
+        dtype = self._pool.dtype
+        return str(dtype).removeprefix("torch.") + (
+            " stored as bytes" if self._pool.store_dtype != dtype else ""
         )
 
     def describe(self) -> str:
         layers = self.fingerprinted_layers()
         return (
-            f"{POOL_CLASS}, {self.num_record_slots} record slots (one per KV slot), real data "
-            f"from K and V of layer{'s' if len(layers) > 1 else ''} "
+            f"{self.kind} ({self._stored_as()}), {self.num_record_slots} record slots (one per "
+            f"KV slot), real data from K and V of layer{'s' if len(layers) > 1 else ''} "
             f"{' and '.join(map(str, layers))}"
+        )
+
+
+class MHAFP4CanaryPool(MHACanaryPool):
+    """:class:`~.seam.CanaryPool` of an ``MHATokenToKVPoolFP4`` (packed FP4 K/V and their
+    scales)."""
+
+    kind = FP4_POOL_CLASS
+
+    def fingerprint_buffers(self) -> tuple[FingerprintBuffer, ...]:
+        pool = self._pool
+        first, last = 0, len(pool.k_buffer) - 1
+        return (
+            FingerprintBuffer(name=f"layer {first} K", buffer=pool.k_buffer[first]),
+            FingerprintBuffer(name=f"layer {first} K scales", buffer=pool.k_scale_buffer[first]),
+            FingerprintBuffer(name=f"layer {last} V", buffer=pool.v_buffer[last]),
+            FingerprintBuffer(name=f"layer {last} V scales", buffer=pool.v_scale_buffer[last]),
+        )
+
+    def describe(self) -> str:
+        last = len(self._pool.k_buffer) - 1
+        return (
+            f"{self.kind} (packed fp4 and scales), {self.num_record_slots} record slots (one per "
+            f"KV slot), real data from K and its scales of layer 0 and V and its scales of "
+            f"layer {last}"
         )

@@ -21,6 +21,9 @@ What an implementation provides:
 * **memory**: the bytes the records add per KV token (added to SGLang's cell size before the
   pool is sized) and the record rows the pool has beyond its token capacity;
 * **a description** for the start-up line.
+
+An implementation is built from the pool and a :class:`PoolContext` (what the model runner knows
+beside the pool); it refuses, with the reason, what it does not cover.
 """
 
 from __future__ import annotations
@@ -86,6 +89,17 @@ class WindowSpec:
             )
         if self.window < 0:
             raise ValueError(f"WindowSpec.window must be >= 0, got {self.window}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolContext:
+    """What an implementation may need to know beside the pool itself: the model runner's
+    ``sliding_window_size`` (None without sliding-window layers) and the attention backends that
+    read the pool (prefill, decode: SGLang's names, e.g. ``triton``; empty when unknown, as on a
+    CPU)."""
+
+    sliding_window_size: int | None = None
+    attention_backends: tuple[str, ...] = ()
 
 
 class CanaryPool(Protocol):

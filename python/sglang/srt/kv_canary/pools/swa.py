@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.kv_canary.pools.seam import FingerprintBuffer, SlotMapping, WindowSpec
+from sglang.srt.kv_canary.pools.seam import (
+    FingerprintBuffer,
+    PoolContext,
+    SlotMapping,
+    WindowSpec,
+)
 
 POOL_CLASS = "SWAKVPool"
 WINDOW_OWNER_BYTES = 8  # the canary's int64 owner per SWA slot
@@ -67,17 +72,17 @@ class SWACanaryPool:
         )
 
     @classmethod
-    def build(cls, kv_pool: object, *, sliding_window_size: int | None) -> SWACanaryPool:
-        """The canary view of ``kv_pool``.
+    def build(cls, kv_pool: object, *, context: PoolContext) -> SWACanaryPool:
+        """The canary view of ``kv_pool`` with the context's sliding window.
 
         Raises:
             ValueError: the model runner names no sliding window.
         """
-        if sliding_window_size is None:
+        if context.sliding_window_size is None:
             raise ValueError(
                 f"the KV pool is {POOL_CLASS} but the model runner has no sliding_window_size"
             )
-        return cls(kv_pool, sliding_window_size=sliding_window_size)
+        return cls(kv_pool, sliding_window_size=context.sliding_window_size)
 
     @staticmethod
     def accepts(kv_pool: object) -> bool:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.kv_canary.report.schema import (
+    ABORT,
+    CACHE_EVICTION,
     HEADER,
     REQUIRED_KEYS,
     RING_OVERFLOW,
@@ -33,6 +35,8 @@ class ReportContents:
     headers: tuple[ReportObject, ...]
     violations: tuple[ReportObject, ...]
     overflows: tuple[ReportObject, ...]
+    aborts: tuple[ReportObject, ...] = ()  # abort mode
+    evictions: tuple[ReportObject, ...] = ()  # abort mode
 
 
 # the fields the summary reads, and the JSON types they must have
@@ -41,6 +45,8 @@ _FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
     VIOLATION: {"pid": (int,), "step": (int,), "check": (str,), "reasons": (list,),
                 "rid": (str, type(None)), "repeat": (bool,)},
     RING_OVERFLOW: {"pid": (int,), "dropped": (int,)},
+    ABORT: {"pid": (int,), "rid": (str,), "cause": (str,)},
+    CACHE_EVICTION: {"pid": (int,), "nodes": (int,), "tokens": (int,)},
 }
 
 
@@ -59,7 +65,7 @@ def read_report(path: str | os.PathLike[str]) -> ReportContents:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ReportFormatError(f"cannot read {name}: {reason}") from None
-    objects: dict[str, list[ReportObject]] = {HEADER: [], VIOLATION: [], RING_OVERFLOW: []}
+    objects: dict[str, list[ReportObject]] = {kind: [] for kind in REQUIRED_KEYS}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -74,7 +80,8 @@ def read_report(path: str | os.PathLike[str]) -> ReportContents:
         raise ReportFormatError(f"{name}: the file holds no object (not even a header)")
     return ReportContents(
         path=name, headers=tuple(objects[HEADER]), violations=tuple(objects[VIOLATION]),
-        overflows=tuple(objects[RING_OVERFLOW]),
+        overflows=tuple(objects[RING_OVERFLOW]), aborts=tuple(objects[ABORT]),
+        evictions=tuple(objects[CACHE_EVICTION]),
     )
 
 

@@ -23,6 +23,16 @@ violation indices, its objects of that poll in one ``write``.
 ``ring_overflow``  ``dropped`` rows lost this poll, ``dropped_total``, ``ring_capacity``,
                    ``first_index`` / ``end_index`` (the violation indices handled this poll),
                    ``host_step`` (the newest forward step recorded, None before any), ``time``
+``abort``          abort mode: one request finished with the canary's error: ``rid``,
+                   ``cause`` (``violation``, ``cache``: its cached prefix held an evicted node,
+                   ``ring_overflow``, ``unknown_owner``: every live request), ``step``,
+                   ``check``, ``reasons``, ``slot``, ``position`` of the first row naming it
+                   (None for the other causes), ``tokens_delivered`` (output tokens sent before
+                   the abort), ``time``
+``cache_eviction`` abort mode: radix nodes made unmatchable at once: ``cause`` (``violation``,
+                   ``ring_overflow``), ``nodes``, ``tokens``, ``locked_nodes`` (freed when their
+                   aborted requests finish), ``slots`` (suspect slots reported, at most 64),
+                   ``rids`` (requests whose cached prefix was cut), ``time``
 =================  ==========================================================================
 
 A reader of :data:`SCHEMA_VERSION` may rely on every key listed in :data:`REQUIRED_KEYS`.
@@ -37,6 +47,8 @@ TYPE_KEY = "type"
 HEADER = "header"
 VIOLATION = "violation"
 RING_OVERFLOW = "ring_overflow"
+ABORT = "abort"
+CACHE_EVICTION = "cache_eviction"
 POOL_KEY = "pool"  # present, "draft", on an EAGLE draft canary's objects only
 
 HEADER_KEYS: tuple[str, ...] = (
@@ -52,8 +64,17 @@ RING_OVERFLOW_KEYS: tuple[str, ...] = (
     TYPE_KEY, "pid", "time", "dropped", "dropped_total", "ring_capacity", "first_index",
     "end_index", "host_step",
 )
+ABORT_KEYS: tuple[str, ...] = (
+    TYPE_KEY, "pid", "time", "rid", "cause", "step", "check", "reasons", "slot", "position",
+    "tokens_delivered",
+)
+CACHE_EVICTION_KEYS: tuple[str, ...] = (
+    TYPE_KEY, "pid", "time", "cause", "nodes", "tokens", "locked_nodes", "slots", "rids",
+)
 REQUIRED_KEYS: Mapping[str, tuple[str, ...]] = {
     HEADER: HEADER_KEYS,
     VIOLATION: VIOLATION_KEYS,
     RING_OVERFLOW: RING_OVERFLOW_KEYS,
+    ABORT: ABORT_KEYS,
+    CACHE_EVICTION: CACHE_EVICTION_KEYS,
 }

@@ -80,7 +80,12 @@ from sglang.srt.kv_canary.batch.forward_kind import (
     forward_kind,
     host_prefix_lens,
 )
-from sglang.srt.kv_canary.config import CanaryConfig, PerturbConfig, get_active_config
+from sglang.srt.kv_canary.config import (
+    CanaryConfig,
+    CanaryMode,
+    PerturbConfig,
+    get_active_config,
+)
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError, refuse_unless_supported
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
 from sglang.srt.kv_canary.perturb.fault import InjectedFault
@@ -119,7 +124,10 @@ from sglang.srt.kv_canary.token_oracle.sampler import (
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 if TYPE_CHECKING:
+    from sglang.srt.kv_canary.containment.inbox import ContainmentInbox
     from sglang.srt.kv_canary.monitor.forward_history import ForwardHistory
+    from sglang.srt.kv_canary.monitor.metrics import CanaryMetrics
+    from sglang.srt.kv_canary.monitor.report_file import ViolationReportFile
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +174,10 @@ class CanaryRunner:
         self.uploader: RowUploader | None = None
         self.speculative: SpeculativeCanary | None = None
         self._injector: FaultInjector | None = None
-        self._forward_history: ForwardHistory | None = None  # report file on
+        self._forward_history: ForwardHistory | None = None  # report file on, or abort mode
+        self.containment_inbox: ContainmentInbox | None = None  # abort mode
+        self.report_file: ViolationReportFile | None = None  # report file on
+        self.metrics: CanaryMetrics | None = None  # --enable-metrics
         self._inside_faults: list[InjectedFault] = []  # undone before the post launch
         self._live_batch: ForwardBatch | None = None  # the batch of the eager forward running
         self.sweep: RadixSweep | None = None
@@ -183,7 +194,13 @@ class CanaryRunner:
             CanaryUnsupportedError: naming each flag and what to change.
         """
         if self.config.canary_enabled:
-            refuse_unless_supported(unsupported_server_args(self._model_runner.server_args))
+            server_args = self._model_runner.server_args
+            reasons = unsupported_server_args(server_args)
+            if self.config.mode is CanaryMode.ABORT:
+                from sglang.srt.kv_canary.containment.refusals import abort_mode_refusals
+
+                reasons = [*reasons, *abort_mode_refusals(server_args)]
+            refuse_unless_supported(reasons)
 
     def install_oracle(self) -> None:
         """``ModelRunner.initialize`` starts, oracle on: build the oracle from the served model's
@@ -245,6 +262,8 @@ class CanaryRunner:
         self.uploader, self.speculative = parts.uploader, parts.speculative
         self._injector = parts.injector
         self._forward_history = parts.forward_history
+        self.containment_inbox = parts.containment_inbox
+        self.report_file, self.metrics = parts.report_file, parts.metrics
         install_model_forward(
             model=model_runner.model, before=self.launch_before_model,
             after=self.launch_after_model,
@@ -711,6 +730,11 @@ class CanaryRunner:
                         expected_input_ids=expected[0], expected_positions=expected[1]
                     )
         self._kernels.post_forward(state=self._state_for(forward_kind(forward_batch)), batch=view)
+
+    @property
+    def forward_history(self) -> ForwardHistory | None:
+        """Each step's mode, batch size and rows' owners (report file on, or abort mode)."""
+        return self._forward_history
 
     def _state_for(self, kind: ForwardKind | None) -> CanaryDeviceState:
         if self.speculative is None:

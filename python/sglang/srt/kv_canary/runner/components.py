@@ -4,7 +4,9 @@
 model runner's pools, the device state beside them, and every component that reads or writes
 that state (:class:`PoolComponents`); :func:`installed_line` describes them in the start-up log.
 With ``SGLANG_KV_CANARY_REPORT_PATH`` set, also the report file and the forward history it reads
-(:func:`_report_parts`; their modules are imported only then). With ``--enable-metrics``, also
+(:func:`_report_parts`; their modules are imported only then); abort mode
+(``SGLANG_KV_CANARY_ON_VIOLATION=abort``) keeps the forward history too, and an inbox of the rows
+its containment has not acted on yet. With ``--enable-metrics``, also
 the prometheus metrics (:func:`_metrics`; prometheus_client is imported only then).
 """
 
@@ -17,11 +19,12 @@ import torch
 
 from sglang.jit_kernel.kv_canary.consts import RECORD_BYTES
 from sglang.jit_kernel.kv_canary.kernel_inputs import CanaryDeviceState
-from sglang.srt.kv_canary.config import CanaryConfig
+from sglang.srt.kv_canary.config import CanaryConfig, CanaryMode
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
 from sglang.srt.kv_canary.monitor.report_sinks import combine_sinks
 from sglang.srt.kv_canary.perturb.injector import FaultInjector, build_fault_injector
 from sglang.srt.kv_canary.pools import canary_pool_for
+from sglang.srt.kv_canary.pools.seam import PoolContext
 from sglang.srt.kv_canary.pools.seam import CanaryPool
 from sglang.srt.kv_canary.runner.device_state import allocate_device_state
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels
@@ -49,6 +52,7 @@ from sglang.srt.kv_canary.token_history.write_expectations import WriteExpectati
 from sglang.srt.kv_canary.token_oracle.manager import TokenOracleManager
 
 if TYPE_CHECKING:
+    from sglang.srt.kv_canary.containment.inbox import ContainmentInbox
     from sglang.srt.kv_canary.monitor.forward_history import ForwardHistory
     from sglang.srt.kv_canary.monitor.metrics import CanaryMetrics
     from sglang.srt.kv_canary.monitor.report_file import ViolationReportFile
@@ -75,6 +79,8 @@ class PoolComponents:
     forward_history: ForwardHistory | None = None
     report_file: ViolationReportFile | None = None  # None without the report file
     metrics: CanaryMetrics | None = None  # None without --enable-metrics
+    # the rows abort mode's containment has not acted on yet (None outside abort mode)
+    containment_inbox: ContainmentInbox | None = None
 
 
 def build_pool_components(
@@ -100,7 +106,10 @@ def build_pool_components(
     pool = canary_pool_for(
         req_to_token_pool=model_runner.req_to_token_pool,
         token_to_kv_pool=model_runner.token_to_kv_pool,
-        sliding_window_size=getattr(model_runner, "sliding_window_size", None),
+        context=PoolContext(
+            sliding_window_size=getattr(model_runner, "sliding_window_size", None),
+            attention_backends=tuple(server_args.get_attention_backends()),
+        ),
     )
     state = allocate_device_state(config=config, pool=pool, req_to_token=req_to_token)
     rows, columns = req_to_token.shape
@@ -149,9 +158,14 @@ def build_pool_components(
     history, report_file = _report_parts(config=config, model_runner=model_runner, pool=pool,
                                          state=state, is_draft=is_draft)
     metrics = _metrics(model_runner=model_runner, is_draft=is_draft)
+    inbox = None
+    if config.mode is CanaryMode.ABORT:
+        from sglang.srt.kv_canary.containment.inbox import ContainmentInbox
+
+        inbox = ContainmentInbox()
     monitor = CanaryMonitor(state=state, config=config, seal=kernels.publish_counters,
                             line_suffix=DRAFT_LINE_SUFFIX if is_draft else "",
-                            report_sink=combine_sinks(sinks=(report_file, metrics)),
+                            report_sink=combine_sinks(sinks=(report_file, metrics, inbox)),
                             metrics=metrics)
     # faults are injected into the target model's forwards (the draft canary checks its own
     # pool and reports with DRAFT_LINE_SUFFIX)
@@ -162,7 +176,8 @@ def build_pool_components(
     return PoolComponents(pool=pool, state=state, token_checks=token_checks,
                           request_rows=request_rows, uploader=uploader,
                           speculative=speculative_canary, monitor=monitor, injector=injector,
-                          forward_history=history, report_file=report_file, metrics=metrics)
+                          forward_history=history, report_file=report_file, metrics=metrics,
+                          containment_inbox=inbox)
 
 
 def _report_parts(
@@ -170,17 +185,22 @@ def _report_parts(
     is_draft: bool,
 ) -> tuple[ForwardHistory | None, ViolationReportFile | None]:
     """The forward history and the report file (header written), or ``(None, None)`` without
-    ``SGLANG_KV_CANARY_REPORT_PATH`` (nothing imported then).
+    ``SGLANG_KV_CANARY_REPORT_PATH`` (nothing imported then); abort mode keeps the history
+    without the file too (its containment maps rows to requests with it).
 
     Raises:
         ReportFileError: the file cannot be opened or written.
     """
-    if config.report_path is None:
+    abort_mode = config.mode is CanaryMode.ABORT
+    if config.report_path is None and not abort_mode:
         return None, None
     from sglang.srt.kv_canary.monitor.forward_history import ForwardHistory
-    from sglang.srt.kv_canary.monitor.report_file import open_report_file
 
     history = ForwardHistory()
+    if config.report_path is None:
+        return history, None
+    from sglang.srt.kv_canary.monitor.report_file import open_report_file
+
     report_file = open_report_file(
         config=config, history=history, pool=DRAFT_POOL if is_draft else None,
         pool_description=pool.describe(), ring_capacity=state.ring_capacity,

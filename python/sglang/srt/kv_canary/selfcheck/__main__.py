@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     print(
         f"KV canary self-check: {kernels.backend.value} kernels on cpu, SGLang ReqToTokenPool + "
-        "MHATokenToKVPool (and SWAKVPool, a 6-token window), mixed workload (prefill at page "
+        "MHATokenToKVPool (and SWAKVPool with a 6-token window, FP8 and FP4 MHA pools, bf16 and "
+        "FP8 MLATokenToKVPool), mixed workload (prefill at page "
         "boundaries +-1, chunked + mixed "
         "prefill, decode, shared prefixes A->B->A, parallel sampling, padded rows, eviction); "
         "runtime perturbations and persistent scheduler/engine bugs"

@@ -58,6 +58,7 @@ from sglang.srt.kv_canary.selfcheck.simulation import (
     Sampler,
     ServerHooks,
     SimulatedModelRunner,
+    SimulatedPool,
     default_server,
     run_mixed_workload,
 )
@@ -103,6 +104,7 @@ class Scenario:
     bug: Callable[..., SeededBug] | None = None
     detecting_checks: frozenset[CheckKind] | None = None  # checks a catching row comes from
     sliding_window: int | None = None  # run SGLang's hybrid SWA pool with this window
+    kv_pool: SimulatedPool = SimulatedPool.MHA  # the pool otherwise
 
 
 @dataclass(slots=True, kw_only=True)
@@ -212,6 +214,7 @@ def default_scenarios() -> list[Scenario]:
         *_token_check_scenarios(partial),
         *bug_scenarios(),
         *swa_scenarios(),
+        *pool_scenarios(),
     ]
 
 
@@ -256,6 +259,62 @@ def swa_scenarios() -> list[Scenario]:
             for sub_pool in (KvSubPool.FULL, KvSubPool.WINDOW)
         ),
     ]
+
+
+# The pools besides the bf16 MHA pool and the hybrid one, by the name scenarios carry.
+_OTHER_POOLS = {
+    SimulatedPool.MHA_FP8: "fp8 mha pool",
+    SimulatedPool.MHA_FP4: "fp4 mha pool",
+    SimulatedPool.MLA: "mla pool",
+    SimulatedPool.MLA_FP8: "fp8 mla pool",
+}
+
+
+def pool_scenarios() -> list[Scenario]:
+    """The other pools behind the seam (FP8 and FP4 MHA, bf16 and FP8 MLA), each: clean runs
+    with every check, a redirected ``req_to_token`` entry, a foreign but consistent prefix
+    (ownership alone), a flipped byte of a live slot (in any of the pool's fingerprint buffers:
+    FP4 scales, MLA latent and RoPE parts) and a lost K/V write."""
+    partial = _base_config(real_data=RealDataMode.PARTIAL)
+    scenarios = []
+    for kind, label in _OTHER_POOLS.items():
+        scenarios += [
+            Scenario(name=f"{label}: clean run, every check",
+                     config=_with_token_checks(partial, write_input=True), kv_pool=kind),
+            Scenario(name=f"{label}: clean run, real_data=all",
+                     config=_base_config(real_data=RealDataMode.ALL), kv_pool=kind),
+            Scenario(
+                name=f"{label}: req_to_token fault",
+                config=_perturbed(partial, req_to_token_prob=1.0),
+                must_detect=int(Reason.VERIFY_POSITION),
+                allowed_reasons=int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN
+                                    | Reason.VERIFY_OWNER),
+                kv_pool=kind,
+            ),
+            Scenario(
+                name=f"{label}: foreign_prefix fault",
+                config=_perturbed(_base_config(real_data=RealDataMode.NONE),
+                                  foreign_prefix_prob=1.0),
+                must_detect=int(Reason.VERIFY_OWNER),
+                allowed_reasons=int(Reason.VERIFY_OWNER | Reason.VERIFY_CHAIN),
+                kv_pool=kind,
+            ),
+            Scenario(
+                name=f"{label}: real_kv_used fault",
+                config=_perturbed(partial, real_kv_used_prob=1.0),
+                must_detect=int(Reason.VERIFY_REAL_KV),
+                allowed_reasons=int(Reason.VERIFY_REAL_KV),
+                kv_pool=kind,
+            ),
+            Scenario(
+                name=f"{label}: lost_write fault",
+                config=_perturbed(partial, lost_write_prob=1.0),
+                must_detect=int(Reason.VERIFY_NOT_LANDED),
+                allowed_reasons=int(Reason.VERIFY_NOT_LANDED),
+                kv_pool=kind,
+            ),
+        ]
+    return scenarios
 
 
 def _token_check_scenarios(partial: CanaryConfig) -> list[Scenario]:
@@ -461,6 +520,7 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
             warmup_steps=_WARMUP_STEPS, seed=_SEED
         ),
         sliding_window=scenario.sliding_window,
+        kv_pool=scenario.kv_pool,
     )
     error: Exception | None = None
     with _LogCapture() as capture:

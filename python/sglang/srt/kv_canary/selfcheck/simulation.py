@@ -28,10 +28,16 @@ sliding-window, layer 1 full attention) and ``SWATokenToKVPoolAllocator``; befor
 step it frees the SWA slots of each request's positions a page and more before the window (as
 ``ScheduleBatch._evict_swa``, never in a prefix it shares), and a prefix match keeps only pages
 whose last window still has its SWA slots (as ``SWARadixCache.match_prefix``).
+
+:class:`SimulatedPool` picks the other pools the canary covers: ``MHATokenToKVPool`` with FP8
+bytes, ``MHATokenToKVPoolFP4`` (packed values and scales) and ``MLATokenToKVPool`` (a latent
+and a RoPE part per token, one buffer per layer) in bf16 or FP8; :class:`TinyModel` writes each
+in its layout.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 from collections import OrderedDict
@@ -45,7 +51,12 @@ from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_PREFIX
 from sglang.srt.kv_canary.batch.carrier import attach_batch_inputs, batch_inputs_of
 from sglang.srt.kv_canary.token_oracle.request_ids import RID_PAD_VALUE, ROOM_PAD_VALUE
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import (
+    MHATokenToKVPool,
+    MHATokenToKVPoolFP4,
+    MLATokenToKVPool,
+    ReqToTokenPool,
+)
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
 from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
@@ -62,6 +73,43 @@ GRAPH_PADDING_ATTR = "simulated_graph_padding"
 _HEAD_NUM = 2
 _HEAD_DIM = 8
 _LAYER_NUM = 2
+# FP4 rows: head_dim / 2 packed bytes per head and heads * head_dim / 16 scale bytes, so that
+# both are at least the 16 bytes ``real_data=partial`` reads.
+_FP4_HEAD_DIM = 128
+# MLA rows: the latent, then the RoPE part (FP8: 32 + 16 bytes).
+_MLA_KV_LORA_RANK = 32
+_MLA_ROPE_DIM = 16
+
+
+class SimulatedPool(enum.Enum):
+    """The KV pool the simulated server runs (a hybrid pool is chosen by ``sliding_window``)."""
+
+    MHA = "mha"  # MHATokenToKVPool, bf16
+    MHA_FP8 = "mha-fp8"  # MHATokenToKVPool, float8_e4m3fn stored as bytes
+    MHA_FP4 = "mha-fp4"  # MHATokenToKVPoolFP4: packed fp4 values and their scales
+    MLA = "mla"  # MLATokenToKVPool, bf16
+    MLA_FP8 = "mla-fp8"  # MLATokenToKVPool, float8_e4m3fn stored as bytes
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        if self in (SimulatedPool.MHA_FP8, SimulatedPool.MLA_FP8):
+            return torch.float8_e4m3fn
+        if self is SimulatedPool.MHA_FP4:
+            return torch.float4_e2m1fn_x2
+        return torch.bfloat16
+
+
+def _token_values(base: torch.Tensor, *, shape: tuple[int, ...], dtype: torch.dtype,
+                  store_dtype: torch.dtype, sign: float = 1.0) -> torch.Tensor:
+    """Deterministic values of each token (``base [N]``, a function of token and position)
+    in a row of ``shape``, times ``sign``, as ``store_dtype`` (bytes of ``dtype`` when they
+    differ; packed FP4 rows get the codes as bytes)."""
+    lanes = torch.arange(int(torch.tensor(shape).prod()), dtype=torch.int64).view(1, *shape)
+    codes = (base.view(-1, *([1] * len(shape))) + lanes) % 251
+    if store_dtype == torch.uint8 and dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return codes.to(torch.uint8)  # packed FP4 values and scales: the bytes themselves
+    values = codes.to(torch.float32) * (sign / 8)
+    return values.to(dtype).view(store_dtype) if store_dtype != dtype else values.to(dtype)
 
 
 class TinyModel(torch.nn.Module):
@@ -77,23 +125,46 @@ class TinyModel(torch.nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         pool = forward_batch.token_to_kv_pool
-        base = (input_ids.to(torch.int64) * 131 + positions.to(torch.int64) * 7)[:, None, None]
-        lanes = torch.arange(_HEAD_NUM * _HEAD_DIM, dtype=torch.int64).view(1, _HEAD_NUM, _HEAD_DIM)
-        values = ((base + lanes) % 251).to(pool.dtype) / 8
+        base = input_ids.to(torch.int64) * 131 + positions.to(torch.int64) * 7
         loc = forward_batch.out_cache_loc
+        if type(pool) is MLATokenToKVPool:
+            row = _token_values(base, shape=tuple(pool.kv_buffer[0].shape[1:]), dtype=pool.dtype,
+                                store_dtype=pool.store_dtype)
+            for layer in range(pool.layer_num):
+                pool.kv_buffer[layer][loc] = row
+            return self._stored(row)
+        if type(pool) is MHATokenToKVPoolFP4:
+            packed = _token_values(base, shape=tuple(pool.k_buffer[0].shape[1:]),
+                                   dtype=pool.dtype, store_dtype=torch.uint8)
+            scales = _token_values(base + 1, shape=tuple(pool.k_scale_buffer[0].shape[1:]),
+                                   dtype=pool.dtype, store_dtype=torch.uint8)
+            for layer in range(pool.layer_num):
+                pool.k_buffer[layer][loc] = packed
+                pool.v_buffer[layer][loc] = 255 - packed
+                pool.k_scale_buffer[layer][loc] = scales
+                pool.v_scale_buffer[layer][loc] = 255 - scales
+            return self._stored(packed)
+        row_spec = dict(shape=(_HEAD_NUM, _HEAD_DIM), dtype=pool.dtype,
+                        store_dtype=getattr(pool, "store_dtype", pool.dtype))
+        keys = _token_values(base, **row_spec)
+        vals = _token_values(base, sign=-1.0, **row_spec)
         for layer in range(pool.layer_num):
             if isinstance(pool, SWAKVPool):  # each layer in its sub-pool, SWA through the map
                 index, sliding = pool.layers_mapping[layer]
                 target = pool.swa_kv_pool if sliding else pool.full_kv_pool
                 rows = pool.full_to_swa_index_mapping[loc] if sliding else loc
-                target.k_buffer[index][rows] = values
-                target.v_buffer[index][rows] = -values
+                target.k_buffer[index][rows] = keys
+                target.v_buffer[index][rows] = vals
             else:
-                pool.k_buffer[layer][loc] = values
-                pool.v_buffer[layer][loc] = -values
+                pool.k_buffer[layer][loc] = keys
+                pool.v_buffer[layer][loc] = vals
+        return self._stored(keys)
+
+    def _stored(self, written: torch.Tensor) -> torch.Tensor:
+        """Run the K/V-store bug point; the model's output (a sum of what it wrote)."""
         if self.after_store is not None:
             self.after_store()
-        return values.sum()
+        return written.to(torch.float32).sum()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +193,11 @@ class SimulatedServerArgs:
     served_model_name: str = "simulated"
     disaggregation_mode: str = "null"
     extra_metric_labels: dict[str, str] | None = None
+    attention_backend: str = "triton"  # what the pool seam is told reads the pool
+
+    def get_attention_backends(self) -> tuple[str, str]:
+        """(prefill, decode) attention backends, as ``ServerArgs.get_attention_backends``."""
+        return self.attention_backend, self.attention_backend
 
 
 class SimulatedModelRunner:
@@ -131,7 +207,7 @@ class SimulatedModelRunner:
         self,
         *,
         req_to_token_pool: ReqToTokenPool,
-        token_to_kv_pool: MHATokenToKVPool | SWAKVPool,
+        token_to_kv_pool: MHATokenToKVPool | MHATokenToKVPoolFP4 | MLATokenToKVPool | SWAKVPool,
         max_running_requests: int,
         sliding_window_size: int | None = None,
     ) -> None:
@@ -363,6 +439,7 @@ class SimulatedServer:
         sampler: Sampler | None = None,
         bug: ServerBug | None = None,
         sliding_window: int | None = None,
+        kv_pool: SimulatedPool = SimulatedPool.MHA,
     ) -> None:
         self.page_size = page_size
         self.sliding_window = sliding_window
@@ -373,17 +450,8 @@ class SimulatedServer:
             enable_memory_saver=False,
         )
         if sliding_window is None:
-            self.kv_pool = MHATokenToKVPool(
-                num_pages * page_size,
-                page_size=page_size,
-                dtype=torch.bfloat16,
-                head_num=_HEAD_NUM,
-                head_dim=_HEAD_DIM,
-                layer_num=_LAYER_NUM,
-                device="cpu",
-                enable_memory_saver=False,
-                enable_alt_stream=False,
-            )
+            self.kv_pool = _kv_pool(kind=kv_pool, size=num_pages * page_size,
+                                    page_size=page_size)
             allocator_args = dict(
                 dtype=torch.bfloat16, device="cpu", kvcache=self.kv_pool, need_sort=False
             )
@@ -824,6 +892,21 @@ def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
         raise RuntimeError("simulation: the workload never evicted a cached prefix")
 
 
+def _kv_pool(*, kind: SimulatedPool, size: int, page_size: int
+             ) -> MHATokenToKVPool | MHATokenToKVPoolFP4 | MLATokenToKVPool:
+    """SGLang's pool of ``kind`` with ``size`` token slots on the CPU."""
+    common = dict(page_size=page_size, dtype=kind.kv_dtype, layer_num=_LAYER_NUM, device="cpu",
+                  enable_memory_saver=False)
+    if kind in (SimulatedPool.MLA, SimulatedPool.MLA_FP8):
+        return MLATokenToKVPool(size, kv_lora_rank=_MLA_KV_LORA_RANK,
+                                qk_rope_head_dim=_MLA_ROPE_DIM, **common)
+    if kind is SimulatedPool.MHA_FP4:
+        return MHATokenToKVPoolFP4(size, head_num=_HEAD_NUM, head_dim=_FP4_HEAD_DIM,
+                                   enable_alt_stream=False, **common)
+    return MHATokenToKVPool(size, head_num=_HEAD_NUM, head_dim=_HEAD_DIM,
+                            enable_alt_stream=False, **common)
+
+
 def default_server(
     *,
     page_size: int,
@@ -832,10 +915,11 @@ def default_server(
     sampler: Sampler | None = None,
     bug: ServerBug | None = None,
     sliding_window: int | None = None,
+    kv_pool: SimulatedPool = SimulatedPool.MHA,
 ) -> SimulatedServer:
     """The pool sizes :func:`run_mixed_workload` is written for (small: eviction and reuse);
-    ``sliding_window``: SGLang's hybrid pool with that window instead of the MHA pool."""
+    ``sliding_window``: SGLang's hybrid pool with that window instead of ``kv_pool``."""
     return SimulatedServer(
         page_size=page_size, num_pages=40, max_requests=12, max_context_len=128, forward=forward,
-        hooks=hooks, sampler=sampler, bug=bug, sliding_window=sliding_window,
+        hooks=hooks, sampler=sampler, bug=bug, sliding_window=sliding_window, kv_pool=kv_pool,
     )

@@ -16,9 +16,13 @@ layers alternating sliding-window / full attention) with the same tokenizer, whi
 on its hybrid sliding-window KV pool (``SWAKVPool``, ``SWATokenToKVPoolAllocator``,
 ``SWARadixCache``).
 
+:func:`make_tiny_deepseek_v2` writes a ``DeepseekV2ForCausalLM`` with DeepSeek-V2's multi-head
+latent attention (the latent and RoPE widths of DeepSeek V2/V3) and dense MLPs, which SGLang
+serves on its ``MLATokenToKVPool``.
+
 CLI: ``python -m sglang.srt.kv_canary.tools.tiny_model DIR [--draft DRAFT_DIR] [--architecture
-llama|qwen3|gpt_oss] [--num-layers N] [--sliding-window W] ...`` (``--draft`` with llama and
-qwen3 only).
+llama|qwen3|gpt_oss|deepseek_v2] [--num-layers N] [--sliding-window W] ...`` (``--draft`` with
+llama and qwen3 only).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ GPT_OSS_ROPE_SCALING: dict[str, object] = {
 }
 GPT_OSS_MAX_POSITIONS = 4096 * 32
 GPT_OSS_SWIGLU_LIMIT = 7.0
+DEEPSEEK_V2_ARCHITECTURE = "DeepseekV2ForCausalLM"
+# DeepSeek V2/V3's MLA widths: the shapes SGLang's MLA kernels are built and tested for.
+DEEPSEEK_KV_LORA_RANK = 512
+DEEPSEEK_QK_ROPE_HEAD_DIM = 64
+DEEPSEEK_QK_NOPE_HEAD_DIM = 128
+DEEPSEEK_V_HEAD_DIM = 128
 
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
 SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, "<|im_start|>", "<|im_end|>")
@@ -378,6 +388,86 @@ def make_tiny_gpt_oss(
     return root
 
 
+def make_tiny_deepseek_v2(
+    *,
+    directory: pathlib.Path | str,
+    num_layers: int = 3,
+    hidden_size: int = 256,
+    num_attention_heads: int = 16,
+    vocab_size: int = 4096,
+    max_position_embeddings: int = 4096,
+) -> pathlib.Path:
+    """Write a tiny ``DeepseekV2ForCausalLM`` directory (created if missing; our files
+    overwritten), for SGLang's MLA KV pool (``MLATokenToKVPool``).
+
+    Attention is DeepSeek-V2's MLA with its real widths (latent
+    :data:`DEEPSEEK_KV_LORA_RANK`, RoPE :data:`DEEPSEEK_QK_ROPE_HEAD_DIM`, no query LoRA, as in
+    DeepSeek-V2-Lite): each token's KV is one row of 576 values per layer. Every layer's MLP is
+    dense (``first_k_dense_replace`` = ``num_layers``, so no expert runs), RoPE is the default
+    one. The tokenizer files are those :func:`make_tiny_model` writes. Serve with
+    ``--load-format dummy --attention-backend triton`` (or ``flashinfer``).
+
+    Args:
+        hidden_size: a multiple of ``num_attention_heads`` (the config's own check).
+
+    Returns:
+        The directory, resolved.
+
+    Raises:
+        ValueError: an argument is out of range (the message names it and what is allowed).
+    """
+    _require_positive(num_layers=num_layers, hidden_size=hidden_size,
+                      num_attention_heads=num_attention_heads,
+                      max_position_embeddings=max_position_embeddings)
+    if hidden_size % num_attention_heads:
+        raise ValueError(f"hidden_size={hidden_size} is invalid; allowed: a multiple of "
+                         f"num_attention_heads={num_attention_heads}")
+    root = _model_directory(directory=directory, vocab_size=vocab_size,
+                            max_position_embeddings=max_position_embeddings)
+    config: dict[str, object] = {
+        "architectures": [DEEPSEEK_V2_ARCHITECTURE],
+        "model_type": "deepseek_v2",
+        "hidden_size": hidden_size,
+        "intermediate_size": 3 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_attention_heads,
+        "q_lora_rank": None,
+        "kv_lora_rank": DEEPSEEK_KV_LORA_RANK,
+        "qk_rope_head_dim": DEEPSEEK_QK_ROPE_HEAD_DIM,
+        "qk_nope_head_dim": DEEPSEEK_QK_NOPE_HEAD_DIM,
+        "v_head_dim": DEEPSEEK_V_HEAD_DIM,
+        # dense MLPs everywhere: the MoE fields are the model's, but no layer is sparse
+        "first_k_dense_replace": num_layers,
+        "moe_layer_freq": 1,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": hidden_size,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "greedy",
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax",
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": 10000.0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        **_special_ids(),
+    }
+    _write_json(root / "config.json", config)
+    _write_json(root / "generation_config.json", {**_special_ids(), "do_sample": False})
+    return root
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sglang.srt.kv_canary.tools.tiny_model",
@@ -386,12 +476,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", type=pathlib.Path, help="the target model directory")
     parser.add_argument("--draft", type=pathlib.Path, metavar="DRAFT_DIR",
                         help="also write an EAGLE draft model for it here")
-    parser.add_argument("--architecture", choices=sorted([*TARGET_ARCHITECTURES, "gpt_oss"]),
+    parser.add_argument("--architecture",
+                        choices=sorted([*TARGET_ARCHITECTURES, "gpt_oss", "deepseek_v2"]),
                         default="llama")
-    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--num-layers", type=int, help="default: 3 (deepseek_v2) or 4")
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--num-attention-heads", type=int,
-                        help="default: 4 (llama, qwen3) or 8 (gpt_oss)")
+                        help="default: 4 (llama, qwen3), 8 (gpt_oss) or 16 (deepseek_v2)")
     parser.add_argument("--num-key-value-heads", type=int,
                         help="default: 2 (llama, qwen3) or 4 (gpt_oss)")
     parser.add_argument("--sliding-window", type=int, default=128, help="gpt_oss only")
@@ -399,16 +490,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-position-embeddings", type=int, default=4096)
     options = parser.parse_args(argv)
     gpt_oss = options.architecture == "gpt_oss"
-    if gpt_oss and options.draft is not None:
+    deepseek = options.architecture == "deepseek_v2"
+    if (gpt_oss or deepseek) and options.draft is not None:
         parser.error("--draft is for llama and qwen3 targets only")
+    layers = options.num_layers
+    layers = (3 if deepseek else 4) if layers is None else layers
     heads = options.num_attention_heads
     heads = (8 if gpt_oss else 4) if heads is None else heads
     kv_heads = options.num_key_value_heads
     kv_heads = (4 if gpt_oss else 2) if kv_heads is None else kv_heads
     try:
-        if gpt_oss:
+        if deepseek:
+            target = make_tiny_deepseek_v2(
+                directory=options.directory, num_layers=layers,
+                hidden_size=options.hidden_size,
+                num_attention_heads=options.num_attention_heads or 16,
+                vocab_size=options.vocab_size,
+                max_position_embeddings=options.max_position_embeddings,
+            )
+        elif gpt_oss:
             target = make_tiny_gpt_oss(
-                directory=options.directory, num_layers=options.num_layers,
+                directory=options.directory, num_layers=layers,
                 hidden_size=options.hidden_size, num_attention_heads=heads,
                 num_key_value_heads=kv_heads, sliding_window=options.sliding_window,
                 vocab_size=options.vocab_size,
@@ -417,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             target = make_tiny_model(
                 directory=options.directory, architecture=options.architecture,
-                num_layers=options.num_layers, hidden_size=options.hidden_size,
+                num_layers=layers, hidden_size=options.hidden_size,
                 num_attention_heads=heads, num_key_value_heads=kv_heads,
                 vocab_size=options.vocab_size,
                 max_position_embeddings=options.max_position_embeddings,
