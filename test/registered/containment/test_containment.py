@@ -14,7 +14,7 @@ from sglang.srt.kv_canary.config import CanaryConfigError, CanaryMode, parse_con
 from sglang.srt.kv_canary.containment.controller import Containment
 from sglang.srt.kv_canary.containment.inbox import ContainmentInbox
 from sglang.srt.kv_canary.containment.quarantine import RadixQuarantine, supports_quarantine
-from sglang.srt.kv_canary.containment.records import AbortCause
+from sglang.srt.kv_canary.monitor.containment_records import AbortCause
 from sglang.srt.kv_canary.containment.requests import KV_CANARY_ERROR_TYPE
 from sglang.srt.kv_canary.hook_targets import select_hook_specs
 from sglang.srt.kv_canary.hooks.containment import stash_chunked_request

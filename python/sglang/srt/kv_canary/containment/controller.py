@@ -43,7 +43,7 @@ import torch
 from sglang.jit_kernel.kv_canary.consts import CheckKind, Reason
 from sglang.srt.kv_canary.containment.inbox import ContainmentInbox, PendingViolations
 from sglang.srt.kv_canary.containment.quarantine import RadixQuarantine
-from sglang.srt.kv_canary.containment.records import (
+from sglang.srt.kv_canary.monitor.containment_records import (
     AbortCause,
     AbortRecord,
     ContainmentSink,

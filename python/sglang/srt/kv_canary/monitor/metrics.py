@@ -48,7 +48,7 @@ from sglang.srt.kv_canary.monitor.counter_snapshots import CounterSnapshot
 from sglang.srt.kv_canary.monitor.violations import ViolationRow
 
 if TYPE_CHECKING:
-    from sglang.srt.kv_canary.containment.records import AbortRecord, EvictionRecord
+    from sglang.srt.kv_canary.monitor.containment_records import AbortRecord, EvictionRecord
 
 logger = logging.getLogger(__name__)
 

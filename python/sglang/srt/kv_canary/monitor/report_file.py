@@ -47,7 +47,7 @@ from sglang.srt.kv_canary.report.schema import (
 )
 
 if TYPE_CHECKING:
-    from sglang.srt.kv_canary.containment.records import AbortRecord, EvictionRecord
+    from sglang.srt.kv_canary.monitor.containment_records import AbortRecord, EvictionRecord
 
 logger = logging.getLogger(__name__)
 
