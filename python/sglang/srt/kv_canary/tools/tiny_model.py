@@ -142,6 +142,12 @@ def _write_json(path: pathlib.Path, content: dict[str, object]) -> None:
     path.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def _write_model_config(root: pathlib.Path, config: dict[str, object]) -> None:
+    """``config.json`` and a greedy ``generation_config.json`` with the special token ids."""
+    _write_json(root / "config.json", config)
+    _write_json(root / "generation_config.json", {**_special_ids(), "do_sample": False})
+
+
 def _require_positive(**values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -220,8 +226,7 @@ def make_tiny_model(
     if architecture == "qwen3":
         config.update({"use_sliding_window": False, "sliding_window": None,
                        "max_window_layers": num_layers})
-    _write_json(root / "config.json", config)
-    _write_json(root / "generation_config.json", {**_special_ids(), "do_sample": False})
+    _write_model_config(root, config)
     return root
 
 
@@ -383,8 +388,7 @@ def make_tiny_gpt_oss(
         "use_cache": True,
         **_special_ids(),
     }
-    _write_json(root / "config.json", config)
-    _write_json(root / "generation_config.json", {**_special_ids(), "do_sample": False})
+    _write_model_config(root, config)
     return root
 
 
@@ -463,8 +467,7 @@ def make_tiny_deepseek_v2(
         "use_cache": True,
         **_special_ids(),
     }
-    _write_json(root / "config.json", config)
-    _write_json(root / "generation_config.json", {**_special_ids(), "do_sample": False})
+    _write_model_config(root, config)
     return root
 
 
