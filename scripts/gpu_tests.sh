@@ -104,6 +104,7 @@ shard 2 kernels 200
     test/registered/kernels/test_padded_rows.py
     test/registered/kernels/test_publish_counters_kernel.py
     test/registered/kernels/test_write_landed.py
+    test/registered/kernels/test_rekey_loaded_kernel.py
     test/registered/token_history/test_token_history_gpu.py
     test/registered/token_history/test_token_checks_cuda_graph.py
     test/registered/token_oracle/test_oracle_cuda.py
@@ -155,8 +156,15 @@ shard 2 fp8-mha 220
     test/registered/e2e/test_mla_e2e.py::test_an_mha_model_with_fp8_kv_serves_clean_and_its_faults_are_caught
 shard 2 fp4-mha 90
     test/registered/e2e/test_mla_e2e.py::test_the_canary_attaches_to_the_fp4_pool_which_sglang_0_5_12_cannot_serve
-shard 2 containment 190
+shard 2 containment 255
     test/registered/e2e/test_containment_e2e.py
+shard 2 hicache-clean 290
+    test/registered/e2e/test_hicache_e2e.py::test_a_host_tier_workload_serves_clean_with_write_through_at_page_1
+    test/registered/e2e/test_hicache_e2e.py::test_a_host_tier_workload_serves_clean_with_write_back_at_page_16
+shard 2 hicache-mla 170
+    test/registered/e2e/test_hicache_e2e.py::test_an_mla_model_s_host_tier_serves_clean
+shard 2 hicache-faults 200
+    test/registered/e2e/test_hicache_e2e.py::test_host_tier_faults_are_caught_at_the_load_back_forward
 '
 
 repo=$(pwd)

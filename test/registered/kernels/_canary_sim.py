@@ -91,6 +91,7 @@ TRITON_MODULES = (
     f"{_PACKAGE}.accepted_owner",
     f"{_PACKAGE}.append_history",
     f"{_PACKAGE}.publish_counters",
+    f"{_PACKAGE}.rekey_loaded",
 )
 
 
@@ -156,6 +157,13 @@ def sweep_impl(impl: str) -> ModuleType:
     if impl == "reference":
         return importlib.import_module(f"{_PACKAGE}.sweep_ref")
     return import_triton_modules()["sweep"]
+
+
+def rekey_impl(impl: str) -> ModuleType:
+    """Module with ``launch_rekey_loaded`` of ``impl``."""
+    if impl == "reference":
+        return importlib.import_module(f"{_PACKAGE}.rekey_loaded_ref")
+    return import_triton_modules()["rekey_loaded"]
 
 
 # ----------------------------------------------------------------------------- oracle

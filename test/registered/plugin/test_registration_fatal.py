@@ -27,13 +27,14 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="kv-canary-cpu")
 
-# Canary in abort mode, oracle and radix sweep on (the padded-row bug not re-injected): every
-# hook of the table is needed, so every adapter module is imported.
+# Canary in abort mode, oracle, radix sweep and a host-tier fault on (the padded-row bug not
+# re-injected): every hook of the table is needed, so every adapter module is imported.
 _EVERYTHING = {
     "SGLANG_KV_CANARY_MODE": "abort",
     "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1",
     "SGLANG_KV_CANARY_SWEEP_INTERVAL": "16",
     "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT": "1",
+    "SGLANG_KV_CANARY_PERTURB_LOAD_SHIFT_PROB": "0.5",
 }
 ADAPTER_MODULES = sorted(
     f"{hooks.__name__}.{info.name}" for info in pkgutil.iter_modules(hooks.__path__)
@@ -47,14 +48,18 @@ def test_every_adapter_module_is_used_by_the_table_and_needed_by_the_full_config
     assert select_hook_specs(parse_config(_EVERYTHING, argv=["--kv-canary", "abort"])) == HOOK_SPECS
 
 
-def test_the_scheduler_cache_hook_is_needed_only_with_the_sweep() -> None:
-    """The radix sweep attaches to the scheduler's tree cache; without the sweep that hook is
-    not needed."""
-    target = "sglang.srt.managers.scheduler.Scheduler.init_cache_with_memory_pool"
+def test_the_scheduler_cache_hook_of_the_sweep_is_needed_only_with_the_sweep() -> None:
+    """The radix sweep attaches to the scheduler's tree cache; without the sweep that adapter
+    is not registered (the host tier's, on the same target, is: it attaches when the scheduler
+    built a hierarchical cache)."""
+    adapter = "sglang.srt.kv_canary.hooks.scheduler:after_init_cache"
     without_sweep = {**{k: v for k, v in _EVERYTHING.items() if "SWEEP" not in k},
                      "SGLANG_KV_CANARY_MODE": "log"}  # (abort mode's containment needs it too)
-    assert target in {spec.target for spec in select_hook_specs(parse_config(_EVERYTHING))}
-    assert target not in {spec.target for spec in select_hook_specs(parse_config(without_sweep))}
+    assert adapter in {spec.adapter for spec in select_hook_specs(parse_config(_EVERYTHING))}
+    selected = select_hook_specs(parse_config(without_sweep))
+    assert adapter not in {spec.adapter for spec in selected}
+    assert "sglang.srt.kv_canary.hooks.host_tier:attach_host_tier" in {
+        spec.adapter for spec in selected}
 
 
 def test_the_sample_hook_is_needed_only_with_a_token_check() -> None:

@@ -30,7 +30,6 @@ from sglang.srt.mem_cache.memory_pool import (
     NSATokenToKVPool,
     ReqToTokenPool,
 )
-from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="kv-canary-cpu")
@@ -129,14 +128,50 @@ def test_other_request_pools_are_refused() -> None:
     assert "MambaLikeReqPool" in reason and "ReqToTokenPool only" in reason
 
 
-def test_the_sweep_walks_the_plain_radix_cache_only() -> None:
+_HOST_MODULE = "sglang.srt.mem_cache.memory_pool_host"  # (imports SGLang's CUDA kernels)
+
+
+def _stand_in(module: str, name: str) -> object:
+    """An instance of an empty class named like one of SGLang's that a CPU cannot import."""
+    return type(name, (), {"__module__": module})()
+
+
+def test_the_sweep_walks_the_radix_cache_and_the_hierarchical_cache() -> None:
     from sglang.srt.mem_cache.chunk_cache import ChunkCache
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     pool = _mha()
     assert pool.sweep_refusal(object.__new__(RadixCache)) is None
+    assert pool.sweep_refusal(_stand_in("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache")) \
+        is None
+    assert pool.sweep_refusal(_stand_in("elsewhere", "HiRadixCache")) is not None
     reason = pool.sweep_refusal(object.__new__(ChunkCache))
     assert "--disable-radix-cache" in reason and "SGLANG_KV_CANARY_SWEEP_INTERVAL" in reason
+
+
+def test_the_host_tier_covers_the_host_pool_of_each_plain_pool_only() -> None:
+    pool = _mha()
+    mha_host, mla_host = (_stand_in(_HOST_MODULE, "MHATokenToKVPoolHost"),
+                          _stand_in(_HOST_MODULE, "MLATokenToKVPoolHost"))
+    assert pool.host_tier_refusal(mha_host) is None
+    reason = pool.host_tier_refusal(mla_host)
+    assert "MLATokenToKVPoolHost" in reason and "--enable-hierarchical-cache" in reason
+
+
+def test_the_host_views_are_the_host_rows_of_the_fingerprinted_buffers() -> None:
+    pool = _mha(layers=3)
+    layers = len(pool._pool.k_buffer)
+    host = _stand_in(_HOST_MODULE, "MHATokenToKVPoolHost")
+    host.layout = "layer_first"
+    buffer = torch.zeros(2, layers, 40, *pool._pool.k_buffer[0].shape[1:])
+    host.k_data_refs = [buffer[0][layer] for layer in range(layers)]
+    host.v_data_refs = [buffer[1][layer] for layer in range(layers)]
+    views = pool.host_fingerprint_buffers(host)
+    assert [view.name for view in views] == [source.name for source in pool.fingerprint_buffers()]
+    assert views[-1].buffer.data_ptr() == host.v_data_refs[layers - 1].data_ptr()
+    host.layout = "page_head"
+    with pytest.raises(ValueError, match="layer_first or page_first layout only"):
+        pool.host_fingerprint_buffers(host)
 
 
 def test_real_data_needs_whole_words_per_row() -> None:

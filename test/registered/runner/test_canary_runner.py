@@ -549,11 +549,18 @@ def test_capture_starts_from_padding_rows_only() -> None:
 
 
 def test_memory_budget_hooks() -> None:
-    target = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm=None))
-    cell_size = add_record_bytes_to_cell_size(4096, object(), target, 4)
+    def runner(**server_args) -> SimpleNamespace:
+        return SimpleNamespace(server_args=SimpleNamespace(
+            **{"speculative_algorithm": None, "enable_hierarchical_cache": False,
+               **server_args}))
+
+    cell_size = add_record_bytes_to_cell_size(4096, object(), runner(), 4)
     assert cell_size == 4096 + RECORD_BYTES
-    eagle = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE"))
+    eagle = runner(speculative_algorithm="EAGLE")
     assert add_record_bytes_to_cell_size(4096, object(), eagle, 4) == 4096 + 2 * RECORD_BYTES
+    # the hierarchical cache's host records: 40 B per host slot, hicache_ratio slots per token
+    hicache = runner(enable_hierarchical_cache=True, hicache_ratio=4.0)
+    assert add_record_bytes_to_cell_size(4096, object(), hicache, 4) == 4096 + RECORD_BYTES + 160
 
     model_runner = SimpleNamespace(  # what the budget reads of a ModelRunner, before the pools
         device="cpu", page_size=4, dp_size=1,
@@ -590,9 +597,12 @@ def test_hooks_apply_to_sglang_and_fix_padded_rows_through_the_registry() -> Non
         from sglang.srt.plugins.hook_registry import HookRegistry
         from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-        # sglang.srt.managers.scheduler imports CUDA libraries: its hook is checked statically
+        # the scheduler and the hierarchical cache import CUDA libraries: their hooks are
+        # checked statically
+        cuda_only = (".managers.scheduler.", ".memory_pool_host.", ".cache_controller.",
+                     ".hiradix_cache.")
         hook_targets.HOOK_SPECS = tuple(
-            s for s in hook_targets.HOOK_SPECS if ".managers.scheduler." not in s.target)
+            s for s in hook_targets.HOOK_SPECS if not any(m in s.target for m in cuda_only))
         config = CanaryConfig(mode=CanaryMode.LOG)
         specs = register_hooks(config)
         HookRegistry.apply_hooks()

@@ -27,6 +27,8 @@ class _ServerArgs:
     pp_size: int = 1
     disaggregation_mode: str = "null"
     enable_hierarchical_cache: bool = False
+    hicache_storage_backend: str | None = None
+    hicache_size: int = 0
     enable_lmcache: bool = False
     enable_pdmux: bool = False
     dllm_algorithm: str | None = None
@@ -39,6 +41,7 @@ class _ServerArgs:
 
 def test_supported_flags_pass() -> None:
     assert unsupported_server_args(_ServerArgs()) == []
+    assert unsupported_server_args(_ServerArgs(enable_hierarchical_cache=True)) == []
     for algorithm in ("EAGLE", "EAGLE3"):  # spec v2 (overlap on), topk 1, page size 1
         assert unsupported_server_args(
             _ServerArgs(speculative_algorithm=algorithm, speculative_eagle_topk=1, page_size=1)
@@ -69,7 +72,11 @@ def test_each_unsupported_speculative_setting_is_named(change: dict, named: str)
         ({"pp_size": 2}, "use --pp-size 1"),
         ({"enable_torch_compile": True}, "--enable-torch-compile"),
         ({"disaggregation_mode": "decode"}, "remove --disaggregation-mode"),
-        ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
+        ({"enable_hierarchical_cache": True, "hicache_storage_backend": "file"},
+         "--hicache-storage-backend file"),
+        ({"enable_hierarchical_cache": True, "hicache_size": 16}, "--hicache-ratio instead"),
+        ({"enable_hierarchical_cache": True, "speculative_algorithm": "EAGLE"},
+         "remove one of them"),
         ({"enable_lmcache": True}, "--enable-lmcache"),
         ({"enable_pdmux": True}, "--enable-pdmux"),
         ({"dllm_algorithm": "LowConfidence"}, "remove --dllm-algorithm"),

@@ -828,6 +828,7 @@ def test_the_reservation_bounds_the_pools_sglang_will_build() -> None:
     server_args = SimpleNamespace(
         max_running_requests=None, speculative_num_draft_tokens=None, max_prefill_tokens=16384,
         chunked_prefill_size=8192, cuda_graph_max_bs=256, speculative_algorithm=None,
+        enable_hierarchical_cache=False,
     )
     assert request_rows_bound(server_args, dp_size=1) == 4097  # SGLang caps at 4096 (+ row 0)
     server_args.max_running_requests = 64

@@ -361,6 +361,7 @@ def fingerprint_fold_torch(*, words: torch.Tensor, keys: torch.Tensor) -> torch.
 def slot_fingerprints_torch(
     *, slots: torch.Tensor, sources: Sequence[torch.Tensor], partial: bool,
     source_rows: Sequence[torch.Tensor | None] | None = None, windowed_sources: int = 0,
+    rotations: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fingerprints of ``slots`` (int64 ``[n]``) over real-data sources (int64 word views
     ``[num_rows, words_per_row]``, row = slot); int64 ``[n]``, bit-identical to
@@ -369,7 +370,10 @@ def slot_fingerprints_torch(
     as the rows read from source ``k`` (a source indexed by another slot space). Without
     ``partial`` and with ``windowed_sources`` (a bit mask) nonzero, the fold splits into two
     halves: the top 32 bits of the other sources' XOR in bits ``[0, 32)``, the windowed sources'
-    in ``[32, 64)``.
+    in ``[32, 64)``. ``rotations`` (int64 ``[n]``, where given) replaces the slot whose value
+    places a ``partial`` window (``2 * (rotation mod (words_per_row // 2))``; a rotation outside
+    the source's rows, or a slot outside them, places it as slot 0): a loaded slot's bytes are
+    checked against the fingerprint taken at the slot it was copied from.
 
     Graph-safe (gathers with clamped indices, no host sync); allocates temporaries.
     """
@@ -385,7 +389,11 @@ def slot_fingerprints_torch(
         inside = (picked >= 0) & (picked < num_rows)
         rows = torch.where(inside, picked, 0)
         if partial:
-            first = 2 * (rows % (words_per_row // 2))
+            placed = rows
+            if rotations is not None:
+                placed = torch.where(inside & (rotations >= 0) & (rotations < num_rows),
+                                     rotations, 0)
+            first = 2 * (placed % (words_per_row // 2))
             columns = torch.stack([first, first + 1], dim=-1)
         else:
             columns = torch.arange(words_per_row, dtype=torch.int64, device=slots.device)

@@ -445,6 +445,30 @@ class SweepEntries:
         return self.slots.device
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadedSlots:
+    """Slots the host tier loaded back, one entry each (int64 ``[n]`` tensors, contiguous, one
+    device): ``slots`` the device slot the KV was copied into (its record already restored),
+    ``origins`` the device slot the host copy was taken from (whose ``partial`` window the
+    restored fingerprint was taken at)."""
+
+    slots: torch.Tensor
+    origins: torch.Tensor
+
+    def __post_init__(self) -> None:
+        count = _vector(self, "slots", (torch.int64,)).shape[0]
+        _vector(self, "origins", (torch.int64,), length=count)
+        _same_device(self, self.slots.device)
+
+    @property
+    def count(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.slots.device
+
+
 def check_same_device(*, state: CanaryDeviceState, device: torch.device, what: str) -> None:
     """Raise ``ValueError`` unless ``device`` (of the launch input ``what``) is the state's."""
     if device != state.device:

@@ -185,6 +185,45 @@ def source_fingerprint(
 
 
 @triton.jit
+def rotated_source_fingerprint(
+    words_ptr,
+    num_rows,
+    row_stride,
+    slot,
+    rotation,
+    mask,
+    SOURCE: tl.constexpr,
+    WORDS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    WORD_CHUNK: tl.constexpr,
+):
+    """:func:`source_fingerprint` of the bytes of ``slot`` with the ``PARTIAL`` window placed
+    by int64 ``rotation [N]`` instead of the slot (a rotation outside ``[0, num_rows)``, or a
+    slot outside them, places it as slot 0; without ``PARTIAL`` the rotation is unused), as
+    :func:`.hashing.slot_fingerprints_torch` with ``rotations``. Returns int64 ``[N]``.
+
+    A function of its own, not a parameter of :func:`source_fingerprint`: Triton 3.6 fails to
+    compile the per-forward kernel (``TritonGPURemoveLayoutConversions``: an operand that does
+    not dominate its use) when that function places its window through a second ``where``.
+    """
+    if PARTIAL:
+        inside = mask & (slot >= 0) & (slot < num_rows)
+        row = tl.where(inside, slot, 0)
+        placed = tl.where(inside & (rotation >= 0) & (rotation < num_rows), rotation, 0)
+        first = 2 * (placed % (WORDS // 2))
+        columns = first[:, None] + tl.arange(0, 2)[None, :]
+        words = tl.load(
+            words_ptr + row[:, None] * row_stride + columns, mask=inside[:, None], other=0
+        )
+        terms = fingerprint_term(words, fingerprint_key(SOURCE, columns))
+        low, high = tl.split(terms)
+        return low ^ high
+    else:
+        return source_fingerprint(words_ptr, num_rows, row_stride, slot, mask, SOURCE, WORDS,
+                                  False, WORD_CHUNK)
+
+
+@triton.jit
 def source_lane(folded, SOURCE: tl.constexpr, NUM_SOURCES: tl.constexpr):
     """The top ``W = 64 // NUM_SOURCES`` bits of int64 ``folded`` at lane ``SOURCE`` (bits
     ``[SOURCE * W, (SOURCE + 1) * W)``); int64."""
@@ -345,6 +384,65 @@ def slot_fingerprint(
     if WINDOWED != 0:
         acc = source_lane(acc, 0, 2) | source_lane(windowed, 1, 2)
     return acc
+
+
+@triton.jit
+def rotated_slot_fingerprint(
+    slot,
+    rotation,
+    mask,
+    src0_ptr,
+    src0_rows,
+    src0_stride,
+    src1_ptr,
+    src1_rows,
+    src1_stride,
+    src2_ptr,
+    src2_rows,
+    src2_stride,
+    src3_ptr,
+    src3_rows,
+    src3_stride,
+    NUM_SOURCES: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    WORDS0: tl.constexpr,
+    WORDS1: tl.constexpr,
+    WORDS2: tl.constexpr,
+    WORDS3: tl.constexpr,
+    WORD_CHUNK: tl.constexpr,
+):
+    """The whole fingerprint (``PARTIAL``: every lane) of the bytes of int64 ``slot [N]`` where
+    ``mask``, each source's window placed by ``rotation`` (:func:`rotated_source_fingerprint`);
+    no windowed sources. With ``rotation == slot`` it equals :func:`slot_fingerprint` with
+    ``every``. Returns int64 ``[N]``."""
+    acc = tl.full(slot.shape, 0, dtype=tl.int64)
+    if NUM_SOURCES > 0:
+        folded = rotated_source_fingerprint(src0_ptr, src0_rows, src0_stride, slot, rotation,
+                                            mask, 0, WORDS0, PARTIAL, WORD_CHUNK)
+        acc = _add_source(acc, folded, 0, NUM_SOURCES, PARTIAL)
+    if NUM_SOURCES > 1:
+        folded = rotated_source_fingerprint(src1_ptr, src1_rows, src1_stride, slot, rotation,
+                                            mask, 1, WORDS1, PARTIAL, WORD_CHUNK)
+        acc = _add_source(acc, folded, 1, NUM_SOURCES, PARTIAL)
+    if NUM_SOURCES > 2:
+        folded = rotated_source_fingerprint(src2_ptr, src2_rows, src2_stride, slot, rotation,
+                                            mask, 2, WORDS2, PARTIAL, WORD_CHUNK)
+        acc = _add_source(acc, folded, 2, NUM_SOURCES, PARTIAL)
+    if NUM_SOURCES > 3:
+        folded = rotated_source_fingerprint(src3_ptr, src3_rows, src3_stride, slot, rotation,
+                                            mask, 3, WORDS3, PARTIAL, WORD_CHUNK)
+        acc = _add_source(acc, folded, 3, NUM_SOURCES, PARTIAL)
+    return tl.where(mask, acc, 0)
+
+
+@triton.jit
+def _add_source(acc, folded, SOURCE: tl.constexpr, NUM_SOURCES: tl.constexpr,
+                PARTIAL: tl.constexpr):
+    """``acc`` with one source's fold added: its lane (``PARTIAL``) or XORed in."""
+    if PARTIAL:
+        return acc | source_lane(folded, SOURCE, NUM_SOURCES)
+    else:
+        return acc ^ folded
 
 
 # ============================================================================= landing poison

@@ -75,7 +75,8 @@ class KvSubPool(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PerturbConfig:
-    """Fault injection (self-test only). Probabilities are per forward step."""
+    """Fault injection (self-test only). Probabilities are per forward step (the host-tier
+    faults ``real_kv_host`` and ``load_shift``: per load-back SGLang starts)."""
 
     warmup_steps: int = 50
     seed: int = 0
@@ -89,6 +90,8 @@ class PerturbConfig:
     input_ids_prob: float = 0.0
     seq_lens_prob: float = 0.0
     window_table_prob: float = 0.0
+    real_kv_host_prob: float = 0.0  # per load-back
+    load_shift_prob: float = 0.0  # per load-back
     kv_sub_pool: KvSubPool = KvSubPool.ANY
 
     def enabled_probabilities(self) -> dict[str, float]:
@@ -475,6 +478,14 @@ KNOBS: tuple[Knob, ...] = (
     _probability("PERTURB_WINDOW_TABLE_PROB",
                  "point a live in-window slot's sliding-window mapping entry at another live "
                  "slot's window slot (hybrid sliding-window pools)"),
+    _probability("PERTURB_REAL_KV_HOST_PROB",
+                 "per load-back from the hierarchical cache's host tier: flip a byte in each "
+                 "16-byte window of one fingerprinted row of a loaded page's host copy",
+                 no_effect=_needs_real_data),
+    _probability("PERTURB_LOAD_SHIFT_PROB",
+                 "per load-back of two pages or more from the host tier: copy each page (KV "
+                 "and records) into the previous page's device slots (the first into the "
+                 "last's)"),
     Knob(suffix="PERTURB_KV_SUB_POOL", field="perturb.kv_sub_pool",
          parse=_enum_parser(KvSubPool), default="any", allowed="any, full, window",
          meaning="which sub-pool the real_kv_* perturbations flip bytes in (window: a hybrid "

@@ -25,6 +25,7 @@ _DRAFT_EXTEND_GRAPH = (
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
 )
 _EAGLE_INFO = "sglang.srt.speculative.eagle_info_v2"
+_HOST_POOL = "sglang.srt.mem_cache.memory_pool_host"
 _ADAPTERS = "sglang.srt.kv_canary.hooks"
 
 
@@ -65,6 +66,11 @@ def _sweep(config: CanaryConfig) -> bool:
 
 def _abort(config: CanaryConfig) -> bool:
     return config.mode is CanaryMode.ABORT
+
+
+def _host_faults(config: CanaryConfig) -> bool:
+    perturb = config.perturb
+    return config.canary_enabled and (perturb.real_kv_host_prob > 0 or perturb.load_shift_prob > 0)
 
 
 def _launch_flags(config: CanaryConfig) -> bool:
@@ -161,6 +167,51 @@ HOOK_SPECS: tuple[HookSpec, ...] = (
         adapter=f"{_ADAPTERS}.scheduler:poll_when_idle",
         needed=_canary,
         purpose="report the last forwards' violations while the server is idle",
+    ),
+    # ------------------------------------------------------------- hierarchical cache
+    HookSpec(
+        target="sglang.srt.managers.scheduler.Scheduler.init_cache_with_memory_pool",
+        hook_type="after",
+        adapter=f"{_ADAPTERS}.host_tier:attach_host_tier",
+        needed=_canary,
+        purpose="--enable-hierarchical-cache: host-tier records beside the host KV pool",
+    ),
+    *(
+        HookSpec(
+            target=f"{_HOST_POOL}.{host_pool}.backup_from_device_all_layer",
+            hook_type="after",
+            adapter=f"{_ADAPTERS}.host_tier:after_backup",
+            needed=_canary,
+            purpose="the records of device slots copied to host slots follow them, on the "
+                    "same stream",
+        )
+        for host_pool in ("MHATokenToKVPoolHost", "MLATokenToKVPoolHost")
+    ),
+    *(
+        HookSpec(
+            target=f"{_HOST_POOL}.{host_pool}.load_to_device_per_layer",
+            hook_type="before",
+            adapter=f"{_ADAPTERS}.host_tier:before_load_layer",
+            needed=_canary,
+            purpose="a load's host and device slots, restored into the records before the "
+                    "next forward",
+        )
+        for host_pool in ("MHATokenToKVPoolHost", "MLATokenToKVPoolHost")
+    ),
+    HookSpec(
+        target="sglang.srt.managers.cache_controller.HiCacheController.start_loading",
+        hook_type="before",
+        adapter=f"{_ADAPTERS}.host_tier:before_start_loading",
+        needed=_host_faults,
+        purpose="the host-tier faults (real_kv_host, load_shift) act on the queued loads",
+    ),
+    HookSpec(
+        target="sglang.srt.mem_cache.hiradix_cache.HiRadixCache.attach_storage_backend",
+        hook_type="around",
+        adapter=f"{_ADAPTERS}.host_tier:refuse_storage_backend",
+        needed=_canary,
+        purpose="an L3 storage backend attached at run time is refused (its pages carry no "
+                "records)",
     ),
     # ------------------------------------------------------------- model runner
     HookSpec(

@@ -26,4 +26,8 @@ def abort_mode_refusals(server_args: Any) -> list[str]:
     if server_args.speculative_algorithm is not None:
         reasons.append(f"SGLANG_KV_CANARY_ON_VIOLATION=abort with --speculative-algorithm "
                        f"{server_args.speculative_algorithm}: not covered yet; {_INSTEAD}")
+    if server_args.enable_hierarchical_cache:
+        reasons.append("SGLANG_KV_CANARY_ON_VIOLATION=abort with --enable-hierarchical-cache: "
+                       "healing does not evict the host copies of suspect pages yet; remove the "
+                       f"flag, or {_INSTEAD}")
     return reasons

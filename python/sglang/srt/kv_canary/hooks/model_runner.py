@@ -9,7 +9,7 @@ from sglang.srt.kv_canary.config import get_active_config
 from sglang.srt.kv_canary.hook_registration import verify_hooks_applied
 from sglang.srt.kv_canary.pools import hybrid_swa_token_bytes
 from sglang.srt.kv_canary.runner.canary_runner import create_canary_runner, runner_of
-from sglang.srt.kv_canary.runner.memory_budget import per_token_bytes
+from sglang.srt.kv_canary.runner.memory_budget import host_tier_bytes_per_token, per_token_bytes
 
 
 def before_initialize(model_runner: Any, *args: Any, **kwargs: Any) -> None:
@@ -46,10 +46,12 @@ def after_sample(
 
 def add_record_bytes_to_cell_size(cell_size: int, *args: Any, **kwargs: Any) -> int:
     """AFTER ``DefaultPoolConfigurator._compute_cell_size(mr, num_layers)``: one record per KV
-    token, two with EAGLE (the draft pool, sized like the target's, has its own records)."""
+    token, two with EAGLE (the draft pool, sized like the target's, has its own records), and
+    with the hierarchical cache the host tier's records of ``--hicache-ratio`` host slots."""
     model_runner = args[1] if len(args) > 1 else kwargs["mr"]
-    copies = 1 if model_runner.server_args.speculative_algorithm is None else 2
-    return cell_size + copies * per_token_bytes()
+    server_args = model_runner.server_args
+    copies = 1 if server_args.speculative_algorithm is None else 2
+    return cell_size + copies * per_token_bytes() + host_tier_bytes_per_token(server_args)
 
 
 def add_canary_bytes_to_swa_cell_size(result: None, configurator: Any, *args: Any,

@@ -73,6 +73,19 @@ class MHACanaryPool(PlainSlotPool):
                                              buffer=self._pool.v_buffer[layer]))
         return tuple(buffers)
 
+    host_pool_class = "MHATokenToKVPoolHost"
+    host_view_layouts = ("layer_first", "page_first")
+
+    def _host_views(self, host_pool: object) -> tuple[FingerprintBuffer, ...]:
+        """``k_data_refs`` / ``v_data_refs``: per layer ``[host slots, heads, head_dim]``."""
+        buffers = []
+        for layer in self.fingerprinted_layers():
+            buffers.append(FingerprintBuffer(name=f"layer {layer} K",
+                                             buffer=host_pool.k_data_refs[layer]))
+            buffers.append(FingerprintBuffer(name=f"layer {layer} V",
+                                             buffer=host_pool.v_data_refs[layer]))
+        return tuple(buffers)
+
     def _stored_as(self) -> str:
         dtype = self._pool.dtype
         return str(dtype).removeprefix("torch.") + (
@@ -103,6 +116,9 @@ class MHAFP4CanaryPool(MHACanaryPool):
             FingerprintBuffer(name=f"layer {last} V", buffer=pool.v_buffer[last]),
             FingerprintBuffer(name=f"layer {last} V scales", buffer=pool.v_scale_buffer[last]),
         )
+
+    # SGLang's MHATokenToKVPoolHost copies an FP4 pool's packed K/V but not its scales
+    host_pool_class = None
 
     def describe(self) -> str:
         last = len(self._pool.k_buffer) - 1

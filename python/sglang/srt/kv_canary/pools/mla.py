@@ -110,6 +110,24 @@ class MLACanaryPool(PlainSlotPool):
                                              buffer=rows[..., split:]))
         return tuple(buffers)
 
+    host_pool_class = "MLATokenToKVPoolHost"
+
+    def _host_views(self, host_pool: object) -> tuple[FingerprintBuffer, ...]:
+        """``data_refs``: per layer ``[host slots, 1, latent + RoPE]``, split as on the
+        device."""
+        split = self._split()
+        buffers = []
+        for layer in self.fingerprinted_layers():
+            rows = host_pool.data_refs[layer]
+            if split is None:
+                buffers.append(FingerprintBuffer(name=f"layer {layer} KV", buffer=rows))
+                continue
+            buffers.append(FingerprintBuffer(name=f"layer {layer} latent",
+                                             buffer=rows[..., :split]))
+            buffers.append(FingerprintBuffer(name=f"layer {layer} rope",
+                                             buffer=rows[..., split:]))
+        return tuple(buffers)
+
     def describe(self) -> str:
         pool = self._pool
         layers = self.fingerprinted_layers()

@@ -18,6 +18,8 @@ What an implementation provides:
   table maps from the record slots and which a row needs only over its attention window;
 * **sweep enumeration**: which prefix caches the radix sweep can walk over this pool, and the
   record slots of one cached node's KV indices;
+* **host tier** (the hierarchical cache): whether a host KV pool's slots can carry the records,
+  and the host pool's views of the fingerprinted bytes;
 * **memory**: the bytes the records add per KV token (added to SGLang's cell size before the
   pool is sized) and the record rows the pool has beyond its token capacity;
 * **a description** for the start-up line.
@@ -138,6 +140,18 @@ class CanaryPool(Protocol):
     def unlocked_leaves(self, tree_cache: object) -> list:
         """The prefix cache's leaves no request holds (KV no live request reads), by node id;
         for the unused-cache fault."""
+
+    def host_tier_refusal(self, host_pool: object) -> str | None:
+        """Why the hierarchical cache's host pool ``host_pool`` (its pages copied to and from
+        this pool by slot index) cannot carry this pool's records; None when it can."""
+
+    def host_fingerprint_buffers(self, host_pool: object) -> tuple[FingerprintBuffer, ...]:
+        """The host pool's views of the bytes :meth:`fingerprint_buffers` reads, in the same
+        order, row = host slot (for the host-tier faults).
+
+        Raises:
+            ValueError: the host pool's layout keeps a slot's row in pieces.
+        """
 
     def describe(self) -> str:
         """One phrase for the start-up line (pool type, slots, what real data reads)."""

@@ -160,6 +160,16 @@ class SWACanaryPool:
                 leaves.append(node)
         return sorted(leaves, key=lambda leaf: leaf.id)
 
+    def host_tier_refusal(self, host_pool: object) -> str | None:
+        return (
+            f"the hierarchical cache of a hybrid sliding-window pool ({type(host_pool).__name__})"
+            " moves two slot spaces, which the canary's host tier does not cover yet; remove "
+            "--enable-hierarchical-cache"
+        )
+
+    def host_fingerprint_buffers(self, host_pool: object) -> tuple[FingerprintBuffer, ...]:
+        raise ValueError(self.host_tier_refusal(host_pool))
+
     def describe(self) -> str:
         full_layers, swa_layers = len(self._full.k_buffer), len(self._swa.k_buffer)
         return (

@@ -89,12 +89,15 @@ from sglang.srt.kv_canary.config import (
 from sglang.srt.kv_canary.errors import CanaryUnsupportedError, refuse_unless_supported
 from sglang.srt.kv_canary.monitor.monitor import CanaryMonitor
 from sglang.srt.kv_canary.perturb.fault import InjectedFault
+from sglang.srt.kv_canary.perturb.host_tier import HostTierFaults, build_host_tier_faults
 from sglang.srt.kv_canary.perturb.injector import FaultInjector
 from sglang.srt.kv_canary.perturb.next_token_swap import NextTokenSwapState, SampledRows
+from sglang.srt.kv_canary.pools.plain_slots import is_hiradix_cache
 from sglang.srt.kv_canary.pools.seam import CanaryPool
 from sglang.srt.kv_canary.runner.batch_view import build_batch_view
 from sglang.srt.kv_canary.runner.components import build_pool_components, installed_line
 from sglang.srt.kv_canary.runner.graph_request_ids import GraphRequestIds
+from sglang.srt.kv_canary.runner.host_tier import HostTierRecords
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels, KernelBackend, load_kernels
 from sglang.srt.kv_canary.runner.launch_accounting import LaunchAccounting
 from sglang.srt.kv_canary.runner.memory_budget import MemoryBudget
@@ -181,6 +184,7 @@ class CanaryRunner:
         self._inside_faults: list[InjectedFault] = []  # undone before the post launch
         self._live_batch: ForwardBatch | None = None  # the batch of the eager forward running
         self.sweep: RadixSweep | None = None
+        self.host_tier: HostTierRecords | None = None  # --enable-hierarchical-cache
         self._last_upload: RowUpdates | None = None
         self._steps = 0
         self._serving = False
@@ -484,6 +488,8 @@ class CanaryRunner:
             self._upload(forward_batch)
             if self._forward_history is not None:
                 self._record_forward(forward_batch)
+        if live and self.host_tier is not None:
+            self.host_tier.restore_started()
         faults = (
             self._injector.before_forward(forward_batch=forward_batch, step=self._steps)
             if live and self._injector is not None
@@ -518,8 +524,8 @@ class CanaryRunner:
             self._injector.after_forward(forward_batch=forward_batch, step=self._steps)
         self._steps += 1
         sweep = self.sweep
-        if sweep is None:
-            return
+        if sweep is None or (self.host_tier is not None and self.host_tier.busy):
+            return  # (a loaded node's records wait for the forward that reads it)
         if sweep.pass_starts_at(self._steps) and self._injector is not None:
             self._injector.before_sweep_pass(tree_cache=sweep.tree_cache, step=self._steps)
         before = sweep.launches
@@ -664,6 +670,38 @@ class CanaryRunner:
             interval=self.config.sweep_interval,
         )
 
+    def attach_host_tier(self, tree_cache: Any) -> tuple[HostTierRecords, HostTierFaults | None]:
+        """The scheduler built a hierarchical cache: records for its host pool's slots, and the
+        host-tier faults when enabled.
+
+        Raises:
+            CanaryUnsupportedError: the cache is not SGLang's ``HiRadixCache``, or the pool seam
+                does not cover its host pool.
+        """
+        if not is_hiradix_cache(tree_cache):
+            raise CanaryUnsupportedError([
+                f"the hierarchical cache is {type(tree_cache).__name__}; the canary covers "
+                "SGLang's HiRadixCache only (no SGLANG_ENABLE_UNIFIED_RADIX_TREE, no hybrid "
+                "mamba models); remove --enable-hierarchical-cache"
+            ])
+        host_pool = tree_cache.cache_controller.mem_pool_host
+        reason = self.pool.host_tier_refusal(host_pool)
+        if reason is not None:
+            raise CanaryUnsupportedError([reason])
+        self.host_tier = HostTierRecords(state=self.state, num_host_slots=host_pool.size,
+                                         rekey=self._kernels.rekey_loaded)
+        faults = build_host_tier_faults(
+            config=self.config.perturb, pool=self.pool, host_pool=host_pool,
+            page_size=tree_cache.page_size, next_step=lambda: self._steps,
+        )
+        logger.info(
+            f"KV canary host tier: records for the {host_pool.size} host slots of "
+            f"{type(host_pool).__name__} ({host_pool.layout}, "
+            f"{self._model_runner.server_args.hicache_io_backend} io), "
+            f"{self.host_tier.device_bytes} B on {self._device}"
+        )
+        return self.host_tier, faults
+
     def _publish_counters(self) -> None:
         """Publish the counters (:meth:`CanaryMonitor.publish`) and count the publication."""
         self.monitor.publish()
@@ -721,6 +759,8 @@ class CanaryRunner:
             if updates is not None and updates.deferred:
                 admitted = self.request_rows.prepare_deferred(updates.deferred)
                 self.uploader.apply(admitted, mark=self.accounting.publications + 1)
+            if self.host_tier is not None:
+                self.host_tier.rekey_restored()
             if self.token_checks is not None:
                 expected = self.token_checks.post_expectations(
                     forward_batch, inputs=inputs, admitted=admitted

@@ -45,7 +45,8 @@ class CanaryKernels:
     function) binds the append of the sampled tokens to one token history; the runtime calls the
     bound append after ``ModelRunner.sample`` (outside graphs). ``publish_counters`` (keyword contract of
     ``launch_publish_counters``) seals the counters for the host's copy after each forward,
-    captured into decode graphs.
+    captured into decode graphs. ``rekey_loaded`` takes ``(*, state, loaded)`` (the host tier's
+    loaded slots, between the model forward and the post launch; eager).
     """
 
     backend: KernelBackend
@@ -57,6 +58,7 @@ class CanaryKernels:
     accepted_owner_resync: Callable[..., None]
     bind_append_history_tokens: Callable[..., Callable[..., None]]
     publish_counters: Callable[..., None]
+    rekey_loaded: Callable[..., None]
 
 
 def load_kernels(backend: KernelBackend) -> CanaryKernels:
@@ -68,6 +70,7 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
     accepted = importlib.import_module(backend.module("accepted_owner"))
     append = importlib.import_module(backend.module("append_history"))
     publish = importlib.import_module(backend.module("publish_counters"))
+    rekey = importlib.import_module(backend.module("rekey_loaded"))
     return CanaryKernels(
         backend=backend,
         pre_forward=forward.launch_pre_forward,
@@ -78,4 +81,5 @@ def load_kernels(backend: KernelBackend) -> CanaryKernels:
         accepted_owner_resync=accepted.launch_accepted_owner_resync,
         bind_append_history_tokens=append.bind_append_history_tokens,
         publish_counters=publish.launch_publish_counters,
+        rekey_loaded=rekey.launch_rekey_loaded,
     )

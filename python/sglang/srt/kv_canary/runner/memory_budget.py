@@ -28,6 +28,7 @@ from sglang.srt.kv_canary.pools import (
     hybrid_swa_token_bytes,
     record_bytes_per_kv_token,
 )
+from sglang.srt.kv_canary.runner.host_tier import HOST_RECORD_BYTES, host_record_bytes_per_token
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class FixedBuffers:
     graph_request_ids: int  # int64 rids + rooms, int32 next token per captured batch row; 0
     # without the oracle
     uniform_blocks: int  # EAGLE: int64 lengths + starts per row, two block sizes; else 0
+    host_tier_page: int = 0  # the host tier's records of the host pool's extra page
 
     @property
     def total(self) -> int:
@@ -76,6 +78,15 @@ def per_token_bytes() -> int:
     return record_bytes_per_kv_token()
 
 
+def host_tier_bytes_per_token(server_args: Any) -> int:
+    """Bytes per device KV token the host tier's records take on the device (0 without
+    ``--enable-hierarchical-cache``): SGLang sizes the host pool as ``--hicache-ratio`` host
+    slots per device slot (its extra page is a fixed buffer)."""
+    if not server_args.enable_hierarchical_cache:
+        return 0
+    return host_record_bytes_per_token(hicache_ratio=server_args.hicache_ratio)
+
+
 def fixed_buffers(
     *,
     page_size: int,
@@ -87,6 +98,7 @@ def fixed_buffers(
     graph_max_bs: int,
     graph_request_ids: bool,
     speculative: bool = False,
+    host_tier: bool = False,
 ) -> FixedBuffers:
     """The fixed buffers for these sizes (``write_expectation_tokens`` 0 without the
     write-input assert; ``graph_request_ids`` with the oracle's graph-resident ids;
@@ -113,6 +125,7 @@ def fixed_buffers(
         uniform_blocks=UNIFORM_BLOCK_SIZE_COUNT * 2 * _INT64_BYTES * uniform_block_rows(
             request_rows=request_rows, graph_max_bs=graph_max_bs
         ) if speculative else 0,
+        host_tier_page=page_size * HOST_RECORD_BYTES if host_tier else 0,
     )
 
 
@@ -207,6 +220,7 @@ class MemoryBudget:
             graph_max_bs=graph_max_bs_bound(server_args),
             graph_request_ids=config.enable_token_oracle,
             speculative=server_args.speculative_algorithm is not None,
+            host_tier=server_args.enable_hierarchical_cache,
         )
 
     def reserve(self, available_bytes: int) -> int:
@@ -224,6 +238,9 @@ class MemoryBudget:
             records *= 2
             draft = " (target and EAGLE draft canaries)"
         per_token = f"{records} B per token added to the KV cell size for the records"
+        host_tier = host_tier_bytes_per_token(model_runner.server_args)
+        if host_tier:
+            per_token += f" and {host_tier} B for the host tier's records"
         if getattr(model_runner.model_config, "is_hybrid_swa", False):
             hybrid = hybrid_swa_token_bytes(
                 swa_full_tokens_ratio=model_runner.server_args.swa_full_tokens_ratio

@@ -47,11 +47,13 @@ def unsupported_server_args(server_args: Any) -> list[str]:
             "supported: canary records do not travel with the KV transfer yet; remove "
             "--disaggregation-mode"
         )
-    if server_args.enable_hierarchical_cache or server_args.enable_lmcache:
+    if server_args.enable_lmcache:
         reasons.append(
-            "KV offloading (--enable-hierarchical-cache / --enable-lmcache) loads KV back into "
-            "slots without canary records; remove the flag"
+            "--enable-lmcache loads KV back into slots without canary records; remove the flag "
+            "(--enable-hierarchical-cache is covered)"
         )
+    if server_args.enable_hierarchical_cache:
+        reasons += _unsupported_hierarchical_cache(server_args)
     if server_args.enable_pdmux:
         reasons.append(
             "--enable-pdmux runs split-prefill forwards, which the canary does not check; remove it"
@@ -60,6 +62,29 @@ def unsupported_server_args(server_args: Any) -> list[str]:
         reasons.append(
             f"diffusion LLM decoding (--dllm-algorithm {server_args.dllm_algorithm}) is not "
             "supported; remove --dllm-algorithm"
+        )
+    return reasons
+
+
+def _unsupported_hierarchical_cache(server_args: Any) -> list[str]:
+    """The hierarchical cache is covered with its host tier (L2), any write policy, layout or
+    io backend; not with an L3 storage backend, a host pool sized in GB, or EAGLE."""
+    reasons = []
+    if server_args.hicache_storage_backend is not None:
+        reasons.append(
+            f"--hicache-storage-backend {server_args.hicache_storage_backend}: pages prefetched "
+            "from an L3 storage backend carry no canary records; remove the flag (the host "
+            "tier alone is covered)"
+        )
+    if server_args.hicache_size:
+        reasons.append(
+            f"--hicache-size {server_args.hicache_size}: the canary budgets its host-tier "
+            "records per device KV token; size the host pool with --hicache-ratio instead"
+        )
+    if server_args.speculative_algorithm is not None:
+        reasons.append(
+            "--enable-hierarchical-cache with speculative decoding: the draft pool's host "
+            "copies are not covered; remove one of them"
         )
     return reasons
 

@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         "MHATokenToKVPool (and SWAKVPool with a 6-token window, FP8 and FP4 MHA pools, bf16 and "
         "FP8 MLATokenToKVPool), mixed workload (prefill at page "
         "boundaries +-1, chunked + mixed "
-        "prefill, decode, shared prefixes A->B->A, parallel sampling, padded rows, eviction); "
-        "runtime perturbations and persistent scheduler/engine bugs"
+        "prefill, decode, shared prefixes A->B->A, parallel sampling, padded rows, eviction), "
+        "and a host-tier workload (shared prefixes backed up, evicted, overwritten and loaded "
+        "back from a host KV pool); runtime perturbations and persistent scheduler/engine bugs"
     )
     scenarios = default_scenarios()
     width = max(len(scenario.name) for scenario in scenarios)

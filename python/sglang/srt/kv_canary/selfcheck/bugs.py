@@ -34,6 +34,20 @@ Fault lines name the bug (each is caught by the reason in brackets):
   prefix slot's V (K) of the last layer flips in the model's K/V store, inside the slot's
   rotating 16-byte window of ``real_data=partial``.
 
+Host-tier bugs (a server with a host tier), consulted when a host-only prefix is loaded back at
+a request's admission; the request's first forward is the load-back forward:
+
+- ``load_shifted_page`` [verify_position]: the load copies each page into the next page's
+  device slots (K/V and the indices the canary is given alike); the prefix stays mapped to the
+  pages allocated for it.
+- ``host_copy_flip`` [verify_real_kv_hash, real data on]: one byte in every 16-byte window of
+  the first layer's K row of one host slot the request reads is flipped before the load.
+- ``stale_host_load`` [verify_owner]: the host slots of another backed-up prefix (another
+  prompt) are loaded instead of the prefix's own.
+
+Each host-tier fault confines itself to its victim: the victim is not cached when it finishes
+and the loaded prefix is dropped from the cache once the victim has its pages.
+
 The consistent-but-foreign histories (the first six) leave every record's position and chain
 consistent with the records before it: only the ownership check (the chain the request's own
 history implies) can tell them from a correct history, so they are caught with the token checks
@@ -45,6 +59,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -52,6 +67,7 @@ from sglang.jit_kernel.kv_canary.hashing import due_source_scalar, fingerprint_c
 from sglang.srt.kv_canary.pools.mha import MHACanaryPool
 from sglang.srt.kv_canary.selfcheck.simulation import (
     DecodeSlot,
+    HostLoad,
     PrefixMatch,
     ServerBug,
     SimulatedRequest,
@@ -60,6 +76,7 @@ from sglang.srt.kv_canary.selfcheck.simulation import (
 
 DEFAULT_MAX_FAULTS = 3
 _WORD_BYTES = 8
+_WINDOW_BYTES = 16  # the bytes ``real_data=partial`` folds of a row, at a rotating window
 
 
 class SeededBug(ServerBug):
@@ -468,3 +485,120 @@ class KvBitFlipK(KvBitFlip):
 
     name = "kv_bit_flip_k"
     buffer = "k"
+
+
+# ============================================================================ host tier
+
+
+class HostLoadBug(SeededBug):
+    """A bug of host-tier loads: at the load-back of a request's admission (see
+    :meth:`~.simulation.ServerBug.before_load`), :meth:`corrupt` may change the load; a changed
+    load is confined to its victim (not cached at its finish; the loaded prefix dropped from
+    both tiers once the victim holds its pages, so no later request reads it)."""
+
+    def __init__(
+        self, *, warmup_steps: int, seed: int, max_faults: int = DEFAULT_MAX_FAULTS
+    ) -> None:
+        super().__init__(warmup_steps=warmup_steps, seed=seed, max_faults=max_faults)
+        self._confined: dict[int, tuple[int, ...]] = {}  # id(victim) -> the loaded prefix
+
+    def before_load(
+        self, *, server: SimulatedServer, request: SimulatedRequest, load: HostLoad
+    ) -> HostLoad:
+        if not self.active(server=server) or not self.untouched(requests=[request]):
+            return load
+        changed = self.corrupt(server=server, request=request, load=load)
+        if changed is None:
+            return load
+        request.cacheable = False
+        self._confined[id(request)] = load.key
+        return changed
+
+    def after_admit(self, *, server: SimulatedServer, request: SimulatedRequest) -> None:
+        key = self._confined.pop(id(request), None)
+        if key is not None:
+            server.forget_prefix(key=key)
+
+    def corrupt(
+        self, *, server: SimulatedServer, request: SimulatedRequest, load: HostLoad
+    ) -> HostLoad | None:
+        """The load as the bug runs it, reported (None: the bug passes this one)."""
+        raise NotImplementedError
+
+
+class LoadShiftedByAPage(HostLoadBug):
+    """A load of two pages or more copies page ``i`` into the device slots of page ``i + 1``
+    (the last page into the first's): ``device_slots`` rotated by a page, for the copy and for
+    the indices the load hooks get, while the prefix stays mapped to the pages the server
+    allocated. So the request's page ``j`` holds the K/V and the records of page ``j - 1``
+    (page 0 those of the last page), self-consistent but at other positions. Reported at
+    position 0: the load-back forward's pre-launch ``verify_position``."""
+
+    name = "load_shifted_page"
+
+    def corrupt(
+        self, *, server: SimulatedServer, request: SimulatedRequest, load: HostLoad
+    ) -> HostLoad | None:
+        count, page = load.device_slots.shape[0], server.page_size
+        if count < 2 * page:
+            return None
+        self.report(server=server, victim=request, position=0,
+                    detail=f"loaded_tokens={count} shift={page}")
+        return replace(load, device_slots=torch.roll(load.device_slots, -page))
+
+
+class HostCopyByteFlip(HostLoadBug):
+    """Between a prefix's backup and its load-back: in the host copy of one slot the request
+    reads, the first layer's K row gets one byte flipped in each of its 16-byte windows, so
+    whichever window ``real_data=partial`` folds (placed by the slot the copy came from)
+    changes. The load copies the flipped bytes to the device; the re-key finds them changed and
+    complements the slot's fingerprint. Reported at the slot's position: the load-back
+    forward's post-launch ``verify_real_kv_hash`` (silent with real data off)."""
+
+    name = "host_copy_flip"
+
+    def corrupt(
+        self, *, server: SimulatedServer, request: SimulatedRequest, load: HostLoad
+    ) -> HostLoad | None:
+        if load.shared_len < 1 or server.host_pool is None:
+            return None
+        position = self.rng.randrange(load.shared_len)
+        host_slot = int(load.host_slots[position])
+        rows = server.host_pool.k_data_refs[0]
+        row = rows.view(rows.shape[0], -1).view(torch.uint8)[host_slot]
+        flipped = [window * _WINDOW_BYTES + self.rng.randrange(_WINDOW_BYTES)
+                   for window in range(max(1, row.shape[0] // _WINDOW_BYTES))]
+        for byte in flipped:
+            row[byte] ^= 1 << self.rng.randrange(8)
+        self.report(server=server, victim=request, position=position,
+                    detail=f"buffer=layer_0_K host_slot={host_slot} "
+                    f"bytes={','.join(map(str, flipped))}")
+        return load
+
+
+class StaleHostLoad(HostLoadBug):
+    """A load copies the host slots of another backed-up prefix instead of the prefix's own:
+    one whose prompt differs within the positions the request reads and that has as many pages
+    or more (its first ones are taken). The request's pages hold that prompt's K/V and records:
+    positions and chain consistent (another history from position 0), the fingerprints those of
+    the bytes; the request's own history is not. Reported at ``shared_len - 1``: the
+    load-back forward's ownership check of the new owner (``pre_verify``)."""
+
+    name = "stale_host_load"
+
+    def corrupt(
+        self, *, server: SimulatedServer, request: SimulatedRequest, load: HostLoad
+    ) -> HostLoad | None:
+        count, shared = load.host_slots.shape[0], load.shared_len
+        candidates = [
+            (key, copy) for key, copy in server.host_cache()
+            if key != load.key and len(copy.host_pages) * server.page_size >= count
+            and key[:shared] != load.key[:shared]
+        ]
+        if shared < 1 or not candidates:
+            return None
+        key, copy = self.rng.choice(candidates)
+        host_slots = server.page_slots(pages=copy.host_pages)[:count]
+        self.report(server=server, victim=request, position=shared - 1,
+                    detail=f"loaded_tokens={count} stale_host_slot={int(host_slots[0])}")
+        return replace(load, host_slots=host_slots)

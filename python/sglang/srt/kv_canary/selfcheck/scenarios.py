@@ -6,8 +6,10 @@ Every scenario installs the canary exactly as the server does (a
 ``ForwardBatch.init_new`` adapters the hook table selects for the configuration, the monitor,
 the fault injector; with the token oracle, the oracle's manager and its sampler's tokens) on a
 fresh :class:`~.simulation.SimulatedServer` (running the scenario's bug, if any), runs the mixed
-workload, and judges what the canary logged: the same ``kv_canary violation:`` / ``kv_canary
-perturb:`` / stats / health lines a server writes.
+workload (a host-tier scenario: the host-tier workload over a server with a host KV pool, the
+canary's host-tier records attached as a hierarchical-cache server attaches them), and judges
+what the canary logged: the same ``kv_canary violation:`` / ``kv_canary perturb:`` / stats /
+health lines a server writes.
 
 A fault is caught by a violation row of its position carrying a reason the scenario must detect
 it with, from a check the scenario names, in the window of steps it allows; a bug's fault line
@@ -31,24 +33,29 @@ from sglang.srt.kv_canary.config import (
     PerturbConfig,
     RealDataMode,
 )
+from sglang.srt.kv_canary.hooks.host_tier import HOST_TIER_ATTRIBUTE
 from sglang.srt.kv_canary.hooks.model_runner import around_forward
 from sglang.srt.kv_canary.monitor.health import HEALTH_OK_PREFIX, CanaryHealthError
 from sglang.srt.kv_canary.hook_targets import select_hook_specs
 from sglang.srt.kv_canary.perturb.fault import PERTURB_LINE_RE
 from sglang.srt.kv_canary.runner.canary_runner import CanaryRunner, attach_canary_runner
+from sglang.srt.kv_canary.runner.host_tier import HostTierRecords
 from sglang.srt.kv_canary.runner.kernels import CanaryKernels
 from sglang.srt.kv_canary.runner.model_forward import uninstall_model_forward
 from sglang.srt.kv_canary.selfcheck.bugs import (
     ForeignCachedPrefix,
+    HostCopyByteFlip,
     KvBitFlip,
     KvBitFlipK,
     LastForwardOverwrite,
+    LoadShiftedByAPage,
     PrefixRoundedUp,
     PrefixSlotZero,
     SeededBug,
     SeqLensDrift,
     SiblingMixedPointer,
     SiblingSharedSlot,
+    StaleHostLoad,
     StaleSlotReuse,
     WriteSlotZero,
 )
@@ -57,9 +64,11 @@ from sglang.srt.kv_canary.selfcheck.simulation import (
     VOCAB_SIZE,
     Sampler,
     ServerHooks,
+    SimulatedHostPool,
     SimulatedModelRunner,
     SimulatedPool,
     default_server,
+    run_host_tier_workload,
     run_mixed_workload,
 )
 from sglang.srt.kv_canary.monitor.stats import STATS_LINE_RE
@@ -105,6 +114,7 @@ class Scenario:
     detecting_checks: frozenset[CheckKind] | None = None  # checks a catching row comes from
     sliding_window: int | None = None  # run SGLang's hybrid SWA pool with this window
     kv_pool: SimulatedPool = SimulatedPool.MHA  # the pool otherwise
+    host_tier: bool = False  # a host KV pool and the host-tier workload instead of the mixed one
 
 
 @dataclass(slots=True, kw_only=True)
@@ -115,6 +125,7 @@ class Outcome:
     page_size: int
     forwards: int = 0
     faults: int = 0
+    loads: int = 0  # host tier: prefixes loaded back
     rows: list[ViolationRow] = field(default_factory=list)
     detail: str = ""
     passed: bool = False
@@ -215,7 +226,72 @@ def default_scenarios() -> list[Scenario]:
         *bug_scenarios(),
         *swa_scenarios(),
         *pool_scenarios(),
+        *host_tier_scenarios(),
     ]
+
+
+def host_tier_scenarios() -> list[Scenario]:
+    """The host tier (a hierarchical cache's host KV pool): clean runs of the host-tier
+    workload with every check and with each real-data mode, and its server bugs: a load shifted
+    by a page (records follow the bytes, so the request's positions are another page's), a host
+    copy changed between backup and load (with real data ``all`` and ``partial``; ``none``: the
+    negative control) and a stale load of another prefix's host slots (every check on)."""
+    host = {"host_tier": True}
+    partial = _base_config(real_data=RealDataMode.PARTIAL)
+    every_check = _with_token_checks(partial, write_input=True)
+    real_kv = int(Reason.VERIFY_REAL_KV)
+    scenarios = [
+        Scenario(name="host tier: clean run, every check", config=every_check, **host),
+        *(
+            Scenario(name=f"host tier: clean run, real_data={mode.value}",
+                     config=_base_config(real_data=mode), **host)
+            for mode in (RealDataMode.PARTIAL, RealDataMode.ALL, RealDataMode.NONE)
+        ),
+        Scenario(
+            name="host tier bug: load shifted by a page",
+            config=partial,
+            bug=LoadShiftedByAPage,
+            must_detect=int(Reason.VERIFY_POSITION),
+            # each page holds the records of the page before it: positions are off by a page,
+            # the chain breaks where the last page follows the first's predecessor, and the
+            # seeds (and the records written from them) continue another history
+            allowed_reasons=int(Reason.VERIFY_POSITION | Reason.VERIFY_CHAIN
+                                | Reason.VERIFY_OWNER),
+            detecting_checks=_PRE,
+            **host,
+        ),
+    ]
+    for real_data in (RealDataMode.ALL, RealDataMode.PARTIAL):
+        scenarios.append(Scenario(
+            name=f"host tier bug: host copy flipped, real_data={real_data.value}",
+            config=_base_config(real_data=real_data),
+            bug=HostCopyByteFlip,
+            must_detect=real_kv,
+            allowed_reasons=real_kv,
+            detecting_checks=_POST,
+            **host,
+        ))
+    scenarios += [
+        Scenario(
+            name="host tier bug: host copy flipped, real_data=none",
+            config=_base_config(real_data=RealDataMode.NONE),
+            bug=HostCopyByteFlip,
+            expect_silent_faults=True,
+            **host,
+        ),
+        Scenario(
+            name="host tier bug: stale host slots loaded",
+            config=every_check,
+            bug=StaleHostLoad,
+            must_detect=int(Reason.VERIFY_OWNER),
+            # another prompt's history from position 0: its positions and chain are
+            # consistent, its tokens and its owner chain are not the request's
+            allowed_reasons=int(Reason.VERIFY_OWNER | Reason.VERIFY_TOKEN),
+            detecting_checks=_PRE,
+            **host,
+        ),
+    ]
+    return scenarios
 
 
 def swa_scenarios() -> list[Scenario]:
@@ -432,18 +508,25 @@ def bug_scenarios() -> list[Scenario]:
 
 
 def server_hooks(config: CanaryConfig) -> ServerHooks:
-    """The ``ForwardBatch.init_new`` and ``ModelRunner.sample`` AFTER adapters the hook table
-    registers for ``config`` (what SGLang's hook registry would call in a server)."""
+    """The adapters the hook table registers for ``config`` on the functions the simulated
+    server calls hooks around (what SGLang's hook registry would call in a server):
+    ``ForwardBatch.init_new`` and ``ModelRunner.sample`` AFTER, ``MHATokenToKVPoolHost``'s
+    ``backup_from_device_all_layer`` AFTER and ``load_to_device_per_layer`` BEFORE."""
 
-    def adapters(target_suffix: str) -> tuple:
+    def adapters(target_suffix: str, hook_type: str = "after") -> tuple:
         return tuple(
             pkgutil.resolve_name(spec.adapter)
             for spec in select_hook_specs(config)
-            if spec.target.endswith(target_suffix) and spec.hook_type == "after"
+            if spec.target.endswith(target_suffix) and spec.hook_type == hook_type
         )
 
-    return ServerHooks(init_new=adapters(".ForwardBatch.init_new"),
-                       sample=adapters(".ModelRunner.sample"))
+    host_pool = ".MHATokenToKVPoolHost"
+    return ServerHooks(
+        init_new=adapters(".ForwardBatch.init_new"),
+        sample=adapters(".ModelRunner.sample"),
+        backup=adapters(f"{host_pool}.backup_from_device_all_layer"),
+        load_layer=adapters(f"{host_pool}.load_to_device_per_layer", "before"),
+    )
 
 
 def _sampler(scenario: Scenario) -> Sampler | None:
@@ -500,6 +583,19 @@ def install_canary_runner(
     return runner
 
 
+def attach_simulated_host_tier(*, runner: CanaryRunner,
+                               host_pool: SimulatedHostPool) -> HostTierRecords:
+    """What ``hooks.host_tier.attach_host_tier`` does on a hierarchical-cache server (its
+    ``CanaryRunner.attach_host_tier`` needs SGLang's ``HiRadixCache``): host-tier records of the
+    host pool's slots on the runner, and on the host pool under the attribute the backup and
+    load adapters find them by."""
+    tier = HostTierRecords(state=runner.state, num_host_slots=host_pool.size,
+                           rekey=runner._kernels.rekey_loaded)
+    runner.host_tier = tier
+    setattr(host_pool, HOST_TIER_ATTRIBUTE, tier)
+    return tier
+
+
 def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) -> Outcome:
     """Run the mixed workload under ``scenario`` and judge the canary's output."""
     outcome = Outcome(scenario=scenario, page_size=page_size)
@@ -521,18 +617,23 @@ def run_scenario(scenario: Scenario, *, page_size: int, kernels: CanaryKernels) 
         ),
         sliding_window=scenario.sliding_window,
         kv_pool=scenario.kv_pool,
+        host_tier=scenario.host_tier,
     )
     error: Exception | None = None
     with _LogCapture() as capture:
         runner = install_canary_runner(
             model_runner=server.runner, config=scenario.config, kernels=kernels
         )
+        if server.host_pool is not None:
+            attach_simulated_host_tier(runner=runner, host_pool=server.host_pool)
+        workload = run_host_tier_workload if scenario.host_tier else run_mixed_workload
         try:
-            run_mixed_workload(server)
+            workload(server)
             runner.on_idle()
         except (CanaryViolationError, CanaryHealthError) as exc:
             error = exc
     outcome.forwards = server.forwards
+    outcome.loads = server.loads
     outcome.rows = find_violation_rows("\n".join(capture.lines))
     faults = [m for m in map(PERTURB_LINE_RE.search, capture.lines) if m is not None]
     outcome.faults = len(faults)

@@ -15,10 +15,11 @@ host-side work saw the live batch. The model is :class:`TinyModel`, which stores
 K/V like attention does; the next tokens come from a :class:`Sampler`.
 
 A :class:`ServerBug` (the self-check's persistent scheduler and engine bugs live in
-:mod:`.bugs`) is consulted at five points: admission (the prefix match, then the request's
+:mod:`.bugs`) is consulted at six points: admission (the prefix match, then the request's
 pages), before a decode step (``req_to_token`` of the batch's requests), when a decode step's
-positions and slots are planned, and in the model's K/V store. A bug changes what the server
-maps or writes, never undoes it, and reports each fault with :meth:`SimulatedServer.report_fault`.
+positions and slots are planned, in the model's K/V store, and at a host-tier load. A bug
+changes what the server maps or writes, never undoes it, and reports each fault with
+:meth:`SimulatedServer.report_fault`.
 Page references stay sound whatever a bug does: a request holds a reference on every page its
 ``req_to_token`` row points into (``pages`` and ``extra_pages``), so no page is reallocated
 under a reader and a fault's effects stay those of the bug itself.
@@ -28,6 +29,16 @@ sliding-window, layer 1 full attention) and ``SWATokenToKVPoolAllocator``; befor
 step it frees the SWA slots of each request's positions a page and more before the window (as
 ``ScheduleBatch._evict_swa``, never in a prefix it shares), and a prefix match keeps only pages
 whose last window still has its SWA slots (as ``SWARadixCache.match_prefix``).
+
+With ``host_slots`` the server has a host tier, as SGLang's hierarchical cache
+(``HiRadixCache`` over ``MHATokenToKVPoolHost``, ``layer_first``): :class:`SimulatedHostPool`
+holds K/V of host slots, a cached prefix is backed up (its pages' K/V copied to host slots for
+every layer), evicted to the host (its device pages released, the entry kept host only; the
+oldest backed-up entry also goes there when pages run out) and loaded back into new device
+pages when a later prompt's best match is host only, before that request's first forward. The
+host pool's copies go through the ``backup_from_device_all_layer`` AFTER and
+``load_to_device_per_layer`` BEFORE hooks the caller passes in (:class:`ServerHooks`), with the
+index tensors the copies use. A :class:`ServerBug` is consulted at each load (:class:`HostLoad`).
 
 :class:`SimulatedPool` picks the other pools the canary covers: ``MHATokenToKVPool`` with FP8
 bytes, ``MHATokenToKVPoolFP4`` (packed values and scales) and ``MLATokenToKVPool`` (a latent
@@ -72,6 +83,10 @@ VOCAB_SIZE = 1000
 GRAPH_PADDING_ATTR = "simulated_graph_padding"
 _HEAD_NUM = 2
 _HEAD_DIM = 8
+# With a host tier the MHA rows have three heads: 48 bytes, three 16-byte windows, so a page
+# loaded into another page (page size 1 or 4) mostly gets other ``partial`` windows than the
+# slots it was backed up from (the re-key has work at every page size).
+_HOST_TIER_HEAD_NUM = 3
 _LAYER_NUM = 2
 # FP4 rows: head_dim / 2 packed bytes per head and heads * head_dim / 16 scale bytes, so that
 # both are at least the 16 bytes ``real_data=partial`` reads.
@@ -79,6 +94,8 @@ _FP4_HEAD_DIM = 128
 # MLA rows: the latent, then the RoPE part (FP8: 32 + 16 bytes).
 _MLA_KV_LORA_RANK = 32
 _MLA_ROPE_DIM = 16
+_HICACHE_RATIO = 2  # host slots per device slot (SGLang's default --hicache-ratio)
+_IO_BACKEND = "kernel"  # what the host pool's copies are told (SGLang's --hicache-io-backend)
 
 
 class SimulatedPool(enum.Enum):
@@ -144,7 +161,8 @@ class TinyModel(torch.nn.Module):
                 pool.k_scale_buffer[layer][loc] = scales
                 pool.v_scale_buffer[layer][loc] = 255 - scales
             return self._stored(packed)
-        row_spec = dict(shape=(_HEAD_NUM, _HEAD_DIM), dtype=pool.dtype,
+        rows = pool.full_kv_pool if isinstance(pool, SWAKVPool) else pool
+        row_spec = dict(shape=tuple(rows.k_buffer[0].shape[1:]), dtype=pool.dtype,
                         store_dtype=getattr(pool, "store_dtype", pool.dtype))
         keys = _token_values(base, **row_spec)
         vals = _token_values(base, sign=-1.0, **row_spec)
@@ -165,6 +183,77 @@ class TinyModel(torch.nn.Module):
         if self.after_store is not None:
             self.after_store()
         return written.to(torch.float32).sum()
+
+
+class SimulatedHostPool:
+    """SGLang's ``MHATokenToKVPoolHost`` in its ``layer_first`` layout, on the CPU: one buffer
+    ``[2, layers, size, heads, head_dim]`` of the device pool's stored dtype (K, then V), with the
+    per-layer views ``k_data_refs`` / ``v_data_refs`` (``[size, heads, head_dim]``, row = host
+    slot) SGLang's host pool has; host slots ``0 .. size - 1`` handed out in whole pages from a
+    free list of pages (``HostKVCache.alloc`` / ``free``, least recently freed first); and the
+    two copies SGLang's cache controller runs on it, by index tensors (int64, one entry per
+    token).
+
+    Args:
+        device_pool: the device pool whose pages it holds (an ``MHATokenToKVPool``).
+        size: host slots, a multiple of the device pool's page size.
+    """
+
+    layout = "layer_first"
+
+    def __init__(self, *, device_pool: MHATokenToKVPool, size: int) -> None:
+        if type(device_pool) is not MHATokenToKVPool:
+            raise ValueError(f"simulation: no host pool for {type(device_pool).__name__}")
+        page_size = device_pool.page_size
+        if size < page_size or size % page_size:
+            raise ValueError(f"simulation: {size} host slots are not whole pages of {page_size}")
+        self.size = size
+        self.page_size = page_size
+        self.layer_num = device_pool.layer_num
+        rows = device_pool.k_buffer[0]
+        self.kv_buffer = torch.zeros((2, self.layer_num, size, *rows.shape[1:]),
+                                     dtype=rows.dtype)
+        self.k_data_refs = [self.kv_buffer[0][layer] for layer in range(self.layer_num)]
+        self.v_data_refs = [self.kv_buffer[1][layer] for layer in range(self.layer_num)]
+        self._free_pages = torch.arange(0, size, page_size, dtype=torch.int64)  # first slots
+
+    def available_size(self) -> int:
+        return int(self._free_pages.shape[0]) * self.page_size
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """The slots of ``need_size // page_size`` free host pages, page by page, or None when
+        fewer are free."""
+        if need_size % self.page_size:
+            raise ValueError(f"simulation: host allocation of {need_size} is not page-aligned")
+        count = need_size // self.page_size
+        if count > self._free_pages.shape[0]:
+            return None
+        pages, self._free_pages = self._free_pages[:count], self._free_pages[count:]
+        return (pages.view(-1, 1) + torch.arange(self.page_size)).view(-1)
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Free the whole pages ``indices`` holds (every slot of each, page by page)."""
+        pages = indices.to(torch.int64).view(-1, self.page_size)
+        if bool((pages[:, 0] % self.page_size).any()) or not torch.equal(
+            pages - pages[:, :1], torch.arange(self.page_size).expand_as(pages)
+        ):
+            raise ValueError("simulation: host slots freed are not whole pages")
+        self._free_pages = torch.cat([self._free_pages, pages[:, 0]])
+
+    def backup_from_device_all_layer(self, device_pool: MHATokenToKVPool,
+                                     host_indices: torch.Tensor, device_indices: torch.Tensor,
+                                     io_backend: str) -> None:
+        """Copy the K/V of ``device_indices`` into ``host_indices``, every layer."""
+        for layer in range(self.layer_num):
+            self.k_data_refs[layer][host_indices] = device_pool.k_buffer[layer][device_indices]
+            self.v_data_refs[layer][host_indices] = device_pool.v_buffer[layer][device_indices]
+
+    def load_to_device_per_layer(self, device_pool: MHATokenToKVPool,
+                                 host_indices: torch.Tensor, device_indices: torch.Tensor,
+                                 layer_id: int, io_backend: str) -> None:
+        """Copy the K/V of ``host_indices`` into ``device_indices``, layer ``layer_id``."""
+        device_pool.k_buffer[layer_id][device_indices] = self.k_data_refs[layer_id][host_indices]
+        device_pool.v_buffer[layer_id][device_indices] = self.v_data_refs[layer_id][host_indices]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +283,10 @@ class SimulatedServerArgs:
     disaggregation_mode: str = "null"
     extra_metric_labels: dict[str, str] | None = None
     attention_backend: str = "triton"  # what the pool seam is told reads the pool
+    # the hierarchical cache (a host tier of hicache_ratio host slots per device slot)
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_io_backend: str = "kernel"
 
     def get_attention_backends(self) -> tuple[str, str]:
         """(prefill, decode) attention backends, as ``ServerArgs.get_attention_backends``."""
@@ -210,12 +303,13 @@ class SimulatedModelRunner:
         token_to_kv_pool: MHATokenToKVPool | MHATokenToKVPoolFP4 | MLATokenToKVPool | SWAKVPool,
         max_running_requests: int,
         sliding_window_size: int | None = None,
+        server_args: SimulatedServerArgs = SimulatedServerArgs(),
     ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
         self.model = TinyModel()
         self.model_config = SimulatedModelConfig()
-        self.server_args = SimulatedServerArgs()
+        self.server_args = server_args
         self.max_running_requests = max_running_requests
         self.device = "cpu"
         self.is_draft_worker = False
@@ -322,6 +416,14 @@ class SimulatedRequest:
         return len(self.output) >= self.max_new_tokens
 
 
+def _common_length(key: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens ``key`` and ``prompt`` share."""
+    common = 0
+    while common < min(len(key), len(prompt)) and key[common] == prompt[common]:
+        common += 1
+    return common
+
+
 def next_token(*, rid: str, position: int) -> int:
     """The "sampled" token after ``position`` (deterministic)."""
     return (sum(map(ord, rid)) * 1_000_003 + position * 7_919) % VOCAB_SIZE
@@ -374,6 +476,29 @@ class DecodeSlot:
     slot: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostLoad:
+    """One load-back of a host-only prefix as the cache controller runs it: the K/V of
+    ``host_slots`` is copied into ``device_slots`` for every layer (int64 ``[n]``, one entry per
+    token, the same tensors the load hooks get). ``key`` is the cached prefix, ``shared_len``
+    how many of its first positions the admitted request reads. A correct server copies the
+    prefix's own host copy into the new pages the prefix is then mapped to."""
+
+    key: tuple[int, ...]
+    host_slots: torch.Tensor
+    device_slots: torch.Tensor
+    shared_len: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostCopy:
+    """A cached prefix's host copy: the first host slot of each of its pages, and the device
+    pages it was backed up from (by position)."""
+
+    host_pages: list[int]
+    origin_pages: list[int]
+
+
 class ServerBug:
     """A persistent scheduler or engine bug, consulted by :class:`SimulatedServer` at defined
     points; this base class is the correct server (every hook leaves things as they are).
@@ -407,25 +532,44 @@ class ServerBug:
         """Inside the model forward, after it stored this forward's K/V (``server.batch`` is
         the forward's requests; their ``kv_len`` is still the forward's prefix length)."""
 
+    def before_load(
+        self, *, server: SimulatedServer, request: SimulatedRequest, load: HostLoad
+    ) -> HostLoad:
+        """Admission of ``request``, host tier: the load about to run (``load`` is the correct
+        one; the prefix is mapped to the pages of ``load.device_slots`` whatever is returned).
+        May change the host pool's bytes."""
+        return load
+
 
 # AFTER hook of ForwardBatch.init_new: hook(forward_batch, ForwardBatch, worker_batch, runner).
 InitNewHook = Callable[[ForwardBatch, type, SimulatedWorkerBatch, SimulatedModelRunner], Any]
 # AFTER hook of ModelRunner.sample: hook(next_token_ids, runner, logits_output, forward_batch).
 SampleHook = Callable[[torch.Tensor, SimulatedModelRunner, Any, ForwardBatch], Any]
+# AFTER hook of MHATokenToKVPoolHost.backup_from_device_all_layer:
+# hook(None, host_pool, device_pool, host_indices, device_indices, io_backend).
+BackupHook = Callable[[None, SimulatedHostPool, Any, torch.Tensor, torch.Tensor, str], Any]
+# BEFORE hook of MHATokenToKVPoolHost.load_to_device_per_layer:
+# hook(host_pool, device_pool, host_indices, device_indices, layer_id, io_backend).
+LoadLayerHook = Callable[[SimulatedHostPool, Any, torch.Tensor, torch.Tensor, int, str], Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerHooks:
-    """The AFTER hooks the simulated server calls as SGLang's hook registry would:
-    ``init_new`` after each ``ForwardBatch.init_new``, ``sample`` after each
-    ``ModelRunner.sample`` (see ``selfcheck.scenarios.server_hooks`` for the canary's)."""
+    """The hooks the simulated server calls as SGLang's hook registry would: ``init_new``
+    after each ``ForwardBatch.init_new``, ``sample`` after each ``ModelRunner.sample``,
+    ``backup`` after each host-tier backup and ``load_layer`` before each layer's load-back copy
+    (see ``selfcheck.scenarios.server_hooks`` for the canary's)."""
 
     init_new: tuple[InitNewHook, ...] = ()
     sample: tuple[SampleHook, ...] = ()
+    backup: tuple[BackupHook, ...] = ()
+    load_layer: tuple[LoadLayerHook, ...] = ()
 
 
 class SimulatedServer:
-    """Requests, pools, prefix sharing and forward batches; each forward goes to ``forward``."""
+    """Requests, pools, prefix sharing and forward batches; each forward goes to ``forward``.
+    ``host_slots`` > 0: a host tier of that many host slots (a plain ``MHATokenToKVPool``
+    only)."""
 
     def __init__(
         self,
@@ -440,6 +584,7 @@ class SimulatedServer:
         bug: ServerBug | None = None,
         sliding_window: int | None = None,
         kv_pool: SimulatedPool = SimulatedPool.MHA,
+        host_slots: int = 0,
     ) -> None:
         self.page_size = page_size
         self.sliding_window = sliding_window
@@ -451,7 +596,8 @@ class SimulatedServer:
         )
         if sliding_window is None:
             self.kv_pool = _kv_pool(kind=kv_pool, size=num_pages * page_size,
-                                    page_size=page_size)
+                                    page_size=page_size,
+                                    head_num=_HOST_TIER_HEAD_NUM if host_slots else _HEAD_NUM)
             allocator_args = dict(
                 dtype=torch.bfloat16, device="cpu", kvcache=self.kv_pool, need_sort=False
             )
@@ -474,11 +620,18 @@ class SimulatedServer:
                 size=size, size_swa=size, page_size=page_size, dtype=torch.bfloat16,
                 device="cpu", kvcache=self.kv_pool, need_sort=False,
             )
+        self.host_pool = (
+            SimulatedHostPool(device_pool=self.kv_pool, size=host_slots) if host_slots else None
+        )
         self.runner = SimulatedModelRunner(
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.kv_pool,
             max_running_requests=max_requests,
             sliding_window_size=sliding_window,
+            server_args=SimulatedServerArgs(
+                enable_hierarchical_cache=bool(host_slots),
+                hicache_ratio=host_slots / (num_pages * page_size) if host_slots else 2.0,
+            ),
         )
         self.forward = forward
         self.hooks = hooks
@@ -492,6 +645,15 @@ class SimulatedServer:
         self._page_refs: dict[int, int] = {}
         self._prefix_cache: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
         self._pending_faults: list[tuple[SimulatedRequest, str]] = []
+        # host tier: the cached prefixes with a host copy, least recently used first (an entry
+        # also in ``_prefix_cache`` is on both tiers, else host only)
+        self._host_cache: OrderedDict[tuple[int, ...], HostCopy] = OrderedDict()
+        self.backups = 0  # prefixes backed up
+        self.loads = 0  # prefixes loaded back
+        self.moved_loads = 0  # loads into other device pages than the ones backed up
+        self.overwritten_loads = 0  # loads whose backed-up pages were overwritten since
+        self._loads_in_flight: list[torch.Tensor] = []  # host slots loaded since the last forward
+        self._host_frees_after_forward: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------ requests and pages
 
@@ -500,6 +662,7 @@ class SimulatedServer:
         if self.req_to_token_pool.alloc([request]) is None:
             raise RuntimeError("simulation: no free request row")
         self.live_requests.append(request)
+        self._load_back(request)
         match = self.bug.match_prefix(
             server=self, request=request, match=self._match_prefix(request.prompt)
         )
@@ -597,17 +760,18 @@ class SimulatedServer:
 
     def _match_prefix(self, prompt: Sequence[int]) -> PrefixMatch:
         best = PrefixMatch(pages=[])
-        limit = self.prefix_limit(prompt=prompt)
         for key, pages in self._prefix_cache.items():
-            common = 0
-            while common < min(len(key), len(prompt)) and key[common] == prompt[common]:
-                common += 1
-            usable = min(common // self.page_size, limit, len(pages))
+            common = _common_length(key, prompt)
+            usable = self._usable_pages(common=common, prompt=prompt, pages=len(pages))
             while usable and not self._window_live(pages[:usable]):
                 usable -= 1
             if usable > len(best.pages):
                 best = PrefixMatch(pages=pages[:usable], key=key, common=common)
         return best
+
+    def _usable_pages(self, *, common: int, prompt: Sequence[int], pages: int) -> int:
+        """Pages of an entry of ``pages`` pages a prompt matching ``common`` tokens shares."""
+        return min(common // self.page_size, self.prefix_limit(prompt=prompt), pages)
 
     def _window_live(self, pages: Sequence[int]) -> bool:
         """Hybrid pool: whether the last window of the prefix ``pages`` hold still has its SWA
@@ -649,7 +813,7 @@ class SimulatedServer:
                 return page
             if not self._prefix_cache:
                 raise RuntimeError("simulation: KV pool exhausted with nothing to evict")
-            _, pages = self._prefix_cache.popitem(last=False)
+            _, pages = self._prefix_cache.popitem(last=False)  # a backed-up one stays host only
             self.evictions += 1
             for page in pages:
                 self._release(page)
@@ -672,6 +836,149 @@ class SimulatedServer:
         if self._page_refs[page] == 0:
             del self._page_refs[page]
             self.allocator.free(torch.arange(page, page + self.page_size, dtype=torch.int64))
+
+    # ------------------------------------------------------------------ host tier
+
+    def host_cache(self) -> list[tuple[tuple[int, ...], HostCopy]]:
+        """The cached prefixes with a host copy, least recently used first."""
+        return list(self._host_cache.items())
+
+    def backed_up(self, *, key: tuple[int, ...]) -> bool:
+        """Whether the cached prefix ``key`` has a host copy."""
+        return key in self._host_cache
+
+    def host_only(self, *, key: tuple[int, ...]) -> bool:
+        """Whether the cached prefix ``key`` has a host copy and no device pages."""
+        return key in self._host_cache and key not in self._prefix_cache
+
+    def back_up(self, *, key: tuple[int, ...]) -> bool:
+        """Back up the device-cached prefix ``key`` (``HiCacheController.write``): host slots
+        for its pages (the least recently used host copies dropped as needed), their K/V copied
+        from its device pages for every layer, then the backup hooks with the same indices.
+        False when it already has a host copy (nothing is copied)."""
+        host_pool = self._require_host_pool()
+        if key in self._host_cache:
+            self._host_cache.move_to_end(key)
+            return False
+        pages = self._prefix_cache[key]
+        host = self._alloc_host(len(pages) * self.page_size)
+        device = self.page_slots(pages=pages)
+        host_pool.backup_from_device_all_layer(self.kv_pool, host, device, _IO_BACKEND)
+        for hook in self.hooks.backup:
+            hook(None, host_pool, self.kv_pool, host, device, _IO_BACKEND)
+        self._host_cache[key] = HostCopy(host_pages=host[:: self.page_size].tolist(),
+                                         origin_pages=list(pages))
+        self.backups += 1
+        return True
+
+    def evict_to_host(self, *, key: tuple[int, ...]) -> None:
+        """Evict the backed-up prefix ``key`` from the device (``HiRadixCache.evict`` of a
+        backed-up node): its references on its device pages are released (a page no request
+        holds is freed, reallocated and overwritten by later requests); it stays host only."""
+        if key not in self._host_cache:
+            raise RuntimeError("simulation: evicting a prefix that has no host copy")
+        for page in self._prefix_cache.pop(key):
+            self._release(page)
+        self.evictions += 1
+
+    def forget_prefix(self, *, key: tuple[int, ...]) -> None:
+        """Drop the cached prefix ``key`` from both tiers (no later request matches it)."""
+        for page in self._prefix_cache.pop(key, []):
+            self._release(page)
+        copy = self._host_cache.pop(key, None)
+        if copy is not None:
+            self._free_host(self.page_slots(pages=copy.host_pages))
+
+    def _load_back(self, request: SimulatedRequest) -> None:
+        """Admission, host tier: when a host-only prefix gives the prompt a longer match than
+        the device's, load it back (see :meth:`_load`)."""
+        if self.host_pool is None:
+            return
+        prompt = request.prompt
+        best_key, best = None, len(self._match_prefix(prompt).pages)
+        for key, copy in self._host_cache.items():
+            if key in self._prefix_cache:
+                continue
+            usable = self._usable_pages(common=_common_length(key, prompt), prompt=prompt,
+                                        pages=len(copy.host_pages))
+            if usable > best:
+                best_key, best = key, usable
+        if best_key is not None:
+            self._load(request=request, key=best_key, shared_pages=best)
+
+    def _load(self, *, request: SimulatedRequest, key: tuple[int, ...], shared_pages: int) -> None:
+        """Load the host-only prefix ``key`` back (``HiRadixCache.load_back``): new device pages
+        for all its pages, the load as the bug has it (:class:`HostLoad`), for each layer the
+        load hooks then the host-to-device copy, and the prefix mapped to the new pages."""
+        host_pool = self._require_host_pool()
+        copy = self._host_cache[key]
+        self._host_cache.move_to_end(key)
+        pages = [self.alloc_page() for _ in copy.host_pages]
+        correct = HostLoad(key=key, host_slots=self.page_slots(pages=copy.host_pages),
+                           device_slots=self.page_slots(pages=pages),
+                           shared_len=shared_pages * self.page_size)
+        self._count_load(copy=copy, pages=pages)
+        load = self.bug.before_load(server=self, request=request, load=correct)
+        self._loads_in_flight.append(load.host_slots)
+        for layer in range(host_pool.layer_num):
+            for hook in self.hooks.load_layer:
+                hook(host_pool, self.kv_pool, load.host_slots, load.device_slots, layer,
+                     _IO_BACKEND)
+            host_pool.load_to_device_per_layer(self.kv_pool, load.host_slots, load.device_slots,
+                                               layer, _IO_BACKEND)
+        self._prefix_cache[key] = pages
+
+    def _count_load(self, *, copy: HostCopy, pages: list[int]) -> None:
+        """Count a load; whether it goes to other pages than the backed-up ones, and whether
+        those were overwritten since (their layer-0 K differs from the host copy's)."""
+        self.loads += 1
+        self.moved_loads += pages != copy.origin_pages
+        host_rows = self.host_pool.k_data_refs[0][self.page_slots(pages=copy.host_pages)]
+        device_rows = self.kv_pool.k_buffer[0][self.page_slots(pages=copy.origin_pages)]
+        self.overwritten_loads += not torch.equal(host_rows, device_rows)
+
+    def _alloc_host(self, need_size: int) -> torch.Tensor:
+        """Host slots for ``need_size`` tokens, dropping the least recently used host copies
+        (a host-only prefix is gone with its copy; a copy a load since the last forward read is
+        kept) until they fit."""
+        host_pool = self._require_host_pool()
+        while (slots := host_pool.alloc(need_size)) is None:
+            victim = next((key for key, copy in self._host_cache.items()
+                           if not self._host_in_flight(self.page_slots(pages=copy.host_pages))),
+                          None)
+            if victim is None:
+                raise RuntimeError("simulation: the host pool is smaller than one prefix")
+            self._free_host(self.page_slots(pages=self._host_cache.pop(victim).host_pages))
+        return slots
+
+    def _free_host(self, slots: torch.Tensor) -> None:
+        """Free host slots; those a load since the last forward read only after the next
+        forward (as ``HiRadixCache`` protects a loading node's host copy: the canary restores
+        the records of a load from the host records at the next forward)."""
+        if self._host_in_flight(slots):
+            self._host_frees_after_forward.append(slots)
+        else:
+            self._require_host_pool().free(slots)
+
+    def _host_in_flight(self, slots: torch.Tensor) -> bool:
+        return any(bool(torch.isin(slots, loaded).any()) for loaded in self._loads_in_flight)
+
+    def _after_forward_host(self) -> None:
+        """The loads before the forward just run are done: their host slots may be freed."""
+        self._loads_in_flight.clear()
+        frees, self._host_frees_after_forward = self._host_frees_after_forward, []
+        for slots in frees:
+            self._free_host(slots)
+
+    def page_slots(self, *, pages: Sequence[int]) -> torch.Tensor:
+        """Every slot of ``pages`` (first slots), in order: int64 ``[len(pages) * page]``."""
+        first = torch.tensor(list(pages), dtype=torch.int64).view(-1, 1)
+        return (first + torch.arange(self.page_size, dtype=torch.int64)).view(-1)
+
+    def _require_host_pool(self) -> SimulatedHostPool:
+        if self.host_pool is None:
+            raise RuntimeError("simulation: this server has no host tier (host_slots=0)")
+        return self.host_pool
 
     # ------------------------------------------------------------------ forwards
 
@@ -785,6 +1092,7 @@ class SimulatedServer:
         finally:
             self.batch = None
         self.forwards += 1
+        self._after_forward_host()
 
     def _sample(self, batch: ForwardBatch, requests: list[SimulatedRequest]) -> None:
         """What ``ModelRunner.sample`` and the scheduler do after the forward just run: a token
@@ -892,9 +1200,86 @@ def run_mixed_workload(server: SimulatedServer, *, seed: int = 7) -> None:
         raise RuntimeError("simulation: the workload never evicted a cached prefix")
 
 
-def _kv_pool(*, kind: SimulatedPool, size: int, page_size: int
+def run_host_tier_workload(server: SimulatedServer, *, seed: int = 11, rounds: int = 5) -> None:
+    """Shared prefixes through the host tier, again and again. Three prompts' prefixes of three
+    pages are prefilled and cached; then each round
+
+    * backs up every prefix the device caches and evicts the backed-up ones to the host;
+    * runs other traffic, whose prefills and decodes take free pages, the evicted ones among
+      them (reallocated and overwritten) once the free list comes round;
+    * admits requests on the shared prefixes, whose matches load them back into new pages: one
+      prefilled in a MIXED forward with the other traffic's decode rows, two loaded before one
+      EXTEND forward (both loads restored in it), one prefilled in two chunks after its load;
+      decode steps, one padded as a replayed graph pads it.
+
+    Finished requests cache longer prefixes whose first pages are loaded ones, so later backups
+    copy slots that were loaded back themselves; the host pool drops its least recently used
+    copies when full. Sized for :func:`default_server` with ``host_tier=True``.
+
+    Raises:
+        RuntimeError: no load read pages that were overwritten since their backup.
+    """
+    rng = random.Random(seed)
+    page = server.page_size
+    running: list[SimulatedRequest] = []
+    counter = iter(range(10**6))
+
+    def tokens(count: int) -> list[int]:
+        return [rng.randrange(VOCAB_SIZE) for _ in range(count)]
+
+    def new_request(prompt: list[int], max_new_tokens: int) -> SimulatedRequest:
+        request = SimulatedRequest(rid=f"req{next(counter)}", prompt=prompt,
+                                   max_new_tokens=max_new_tokens)
+        server.admit(request)
+        return request
+
+    def prefill(requests: list[SimulatedRequest], *, mixed: bool = False) -> None:
+        decoding = [r for r in running if r.prefilled] if mixed else []
+        server.extend([(r, len(r.prompt) - r.kv_len) for r in requests], decoding=decoding)
+        running.extend(requests)
+
+    def decode_steps(count: int, *, padded_rows: int = 0) -> None:
+        for _ in range(count):
+            if not running:
+                return
+            server.decode(running, padded_rows=padded_rows)
+            for request in [r for r in running if r.finished]:
+                running.remove(request)
+                server.finish(request)
+
+    def park() -> None:
+        for key, _ in server.prefix_cache():
+            server.back_up(key=key)
+        for key, _ in server.prefix_cache():
+            if server.backed_up(key=key):  # (unless the host pool dropped its copy since)
+                server.evict_to_host(key=key)
+
+    shared = [tokens(3 * page) for _ in range(3)]
+    prefill([new_request(prefix + tokens(page + 1), 2) for prefix in shared])
+    decode_steps(8)
+    for round_ in range(rounds):
+        park()
+        prefill([new_request(tokens(5 * page + 1), 4), new_request(tokens(4 * page + 2), 3)])
+        decode_steps(1)
+        prefill([new_request(shared[0] + tokens(page + 2), 3)], mixed=True)
+        decode_steps(1)
+        prefill([new_request(shared[1] + tokens(page + round_ % 2), 2),
+                 new_request(shared[2] + tokens(2 * page + 1), 3)])
+        decode_steps(1, padded_rows=2)
+        park()
+        chunked = new_request(shared[round_ % 3] + tokens(2 * page + 3), 2)
+        server.extend([(chunked, page + 1)])
+        server.extend([(chunked, len(chunked.prompt) - chunked.kv_len)])
+        running.append(chunked)
+        decode_steps(8)
+    if server.overwritten_loads == 0:
+        raise RuntimeError("simulation: no load read pages overwritten since their backup")
+
+
+def _kv_pool(*, kind: SimulatedPool, size: int, page_size: int, head_num: int = _HEAD_NUM
              ) -> MHATokenToKVPool | MHATokenToKVPoolFP4 | MLATokenToKVPool:
-    """SGLang's pool of ``kind`` with ``size`` token slots on the CPU."""
+    """SGLang's pool of ``kind`` with ``size`` token slots on the CPU (``head_num``: of the
+    bf16 and FP8 MHA pools)."""
     common = dict(page_size=page_size, dtype=kind.kv_dtype, layer_num=_LAYER_NUM, device="cpu",
                   enable_memory_saver=False)
     if kind in (SimulatedPool.MLA, SimulatedPool.MLA_FP8):
@@ -903,7 +1288,7 @@ def _kv_pool(*, kind: SimulatedPool, size: int, page_size: int
     if kind is SimulatedPool.MHA_FP4:
         return MHATokenToKVPoolFP4(size, head_num=_HEAD_NUM, head_dim=_FP4_HEAD_DIM,
                                    enable_alt_stream=False, **common)
-    return MHATokenToKVPool(size, head_num=_HEAD_NUM, head_dim=_HEAD_DIM,
+    return MHATokenToKVPool(size, head_num=head_num, head_dim=_HEAD_DIM,
                             enable_alt_stream=False, **common)
 
 
@@ -916,10 +1301,16 @@ def default_server(
     bug: ServerBug | None = None,
     sliding_window: int | None = None,
     kv_pool: SimulatedPool = SimulatedPool.MHA,
+    host_tier: bool = False,
 ) -> SimulatedServer:
-    """The pool sizes :func:`run_mixed_workload` is written for (small: eviction and reuse);
-    ``sliding_window``: SGLang's hybrid pool with that window instead of ``kv_pool``."""
+    """The pool sizes :func:`run_mixed_workload` and :func:`run_host_tier_workload` are
+    written for (small: eviction and reuse); ``sliding_window``: SGLang's hybrid pool with that
+    window instead of ``kv_pool``; ``host_tier``: a host pool of twice the device pool's slots
+    (SGLang's default ``--hicache-ratio``)."""
+    num_pages = 40
     return SimulatedServer(
-        page_size=page_size, num_pages=40, max_requests=12, max_context_len=128, forward=forward,
-        hooks=hooks, sampler=sampler, bug=bug, sliding_window=sliding_window, kv_pool=kv_pool,
+        page_size=page_size, num_pages=num_pages, max_requests=12, max_context_len=128,
+        forward=forward, hooks=hooks, sampler=sampler, bug=bug, sliding_window=sliding_window,
+        kv_pool=kv_pool,
+        host_slots=_HICACHE_RATIO * num_pages * page_size if host_tier else 0,
     )
